@@ -40,6 +40,7 @@ class ExperimentConfig:
     # objective
     loss: str = 'perloop'          # one of LOSSES
     norm_penalty: float = 0.0      # lambda of lambda * sum_k mean_tokens ||H_k||^2
+    control_norm_penalty: float = 1e-3  # the lambda the ablation's norm-penalty control uses
     # data
     corpus: str = 'wikitext-2-v1'  # one of CORPORA
     max_train_lines: int = 0       # use only the first lines of the train split (0: all)
@@ -87,7 +88,7 @@ class ConfigError(ValueError):
 _CHOICES = dict(readout=READOUTS, recurrence=RECURRENCES, loss=LOSSES, corpus=CORPORA, dtype=DTYPES, device=DEVICES)
 _POSITIVE = ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'mlp_ratio', 'max_seq_len', 'K', 'seq_len', 'batch_size',
              'train_tokens', 'lr', 'norm_eps', 'log_every', 'ckpt_every', 'eval_batches')
-_NONNEGATIVE = ('norm_penalty', 'max_train_lines', 'min_lr_ratio', 'warmup_steps', 'weight_decay', 'grad_clip', 'ce_chunk', 'seed')
+_NONNEGATIVE = ('norm_penalty', 'control_norm_penalty', 'max_train_lines', 'min_lr_ratio', 'warmup_steps', 'weight_decay', 'grad_clip', 'ce_chunk', 'seed')
 
 def _check_keys(kw):
     valid = {f.name for f in fields(ExperimentConfig)}
