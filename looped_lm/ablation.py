@@ -200,7 +200,7 @@ def claims(records) -> dict:
     "C1-C4 measured from the records: for each, the numbers and whether the claim holds (None if a variant is missing)."
     t1, t2 = table1(records), table2(records)
     def get(df, v, c): return df.loc[v, c] if v in df.index and c in df.columns else float('nan')
-    K = max(int(c.split('@')[1]) for c in t2.columns if c.startswith('PPL@')) if len(t2) else 1
+    K = max(int(c.split('@')[1]) for c in t2.columns if c.startswith('PPL@') and not c.endswith(' sd')) if len(t2) else 1
     res = {}
     rms, raw, pen = (get(t1, v, 'norm mean') for v in ('perloop-rmsnorm', 'perloop-raw', 'norm-penalty'))
     res['C1'] = dict(ratio_raw=rms/raw, ratio_penalty=rms/pen, holds=_holds(rms/raw >= 5 and rms/pen >= 20, rms, raw, pen))
