@@ -65,7 +65,7 @@ def fig_drift(res, fig_dir=None):
         ax.set_yscale('log'); ax.set_title(f'loop {k+1}'); ax.set_xlabel('step')
     axs[0].set_ylabel(r'mean $\|H_k\|$')
     axs[-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1))
-    fig.suptitle('Hidden-norm drift over training')
+    fig.suptitle('Hidden-norm drift over training', y=1.04)
     return fig
 
 # %% ../nbs/06_figures.ipynb #3b405195
