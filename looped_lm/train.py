@@ -18,10 +18,10 @@ from .lemmas import radial_fraction
 from .data import prepare_data, get_batch, eval_batches, TokenData
 
 # %% auto #0
-__all__ = ['norm_penalty', 'objective', 'param_groups', 'make_optimizer', 'lr_at', 'TrainingError', 'resolve_device', 'autocast',
-           'world', 'init_distributed', 'write_atomic', 'read_json', 'read_metrics', 'set_status', 'run_status',
-           'save_checkpoint', 'latest_checkpoint', 'load_checkpoint', 'norm_stats', 'overflow_margin', 'evaluate',
-           'RunResult', 'train', 'load_run']
+__all__ = ['norm_penalty', 'objective', 'param_groups', 'make_optimizer', 'lr_at', 'TrainingError', 'RunDirError',
+           'resolve_device', 'autocast', 'world', 'init_distributed', 'write_atomic', 'read_json', 'read_metrics',
+           'set_status', 'run_status', 'data_record', 'save_checkpoint', 'latest_checkpoint', 'load_checkpoint',
+           'norm_stats', 'overflow_margin', 'evaluate', 'RunResult', 'train', 'load_run']
 
 # %% ../nbs/03_train.ipynb #5cb2a61f
 def norm_penalty(hidden: list) -> torch.Tensor:
@@ -58,7 +58,10 @@ def lr_at(step: int, cfg: ExperimentConfig) -> float:
 
 # %% ../nbs/03_train.ipynb #a541aca1
 class TrainingError(RuntimeError):
-    "A run that stopped: divergence, or a run directory that cannot be used."
+    "A run that diverged: the guard stopped it, kept the last finite checkpoint and marked the run `failed`."
+
+class RunDirError(RuntimeError):
+    "A run directory that cannot be used: not writable, written with another config or other token data, or damaged."
 
 def resolve_device(cfg: ExperimentConfig) -> torch.device:
     "The device of a run; GPU-only options on a machine without a GPU are refused."
@@ -95,14 +98,25 @@ def write_atomic(path: Path, text: str):
     tmp.write_text(text); os.replace(tmp, path)
 
 def read_json(path: Path, default=None):
+    "The JSON value in `path` (`default` if there is no such file); a damaged file is a `RunDirError` naming it."
     path = Path(path)
-    return json.loads(path.read_text()) if path.exists() else default
+    if not path.exists(): return default
+    try: return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RunDirError(f"{path} is damaged ({type(e).__name__}: {e}). It is not written by the trainer in this state; "
+                          f"delete {path.parent} to start that run over.") from None
 
 def read_metrics(run_dir, kind: str = None) -> list:
-    "The records of `metrics.jsonl`, optionally only those of one `kind` ('train' or 'eval')."
+    "The records of `metrics.jsonl`, optionally only those of one `kind` ('train' or 'eval'); a torn last line is skipped."
     p = Path(run_dir)/'metrics.jsonl'
     if not p.exists(): return []
-    recs = [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
+    lines, recs = p.read_text().splitlines(), []
+    for i, l in enumerate(lines):
+        if not l.strip(): continue
+        try: recs.append(json.loads(l))
+        except ValueError:
+            if i == len(lines) - 1: break  # an append cut short by a kill: the resumed run writes it again
+            raise RunDirError(f"{p}, line {i+1}, is not a JSON record: the file is damaged. Delete {p.parent} to start that run over.") from None
     return [r for r in recs if kind is None or r.get('kind') == kind]
 
 def set_status(run_dir, state: str, step: int, message: str = ''):
@@ -112,7 +126,7 @@ def run_status(run_dir) -> dict:
     "The run's status record ({} when it never started)."
     return read_json(Path(run_dir)/'status.json', {})
 
-# %% ../nbs/03_train.ipynb #025b29df
+# %% ../nbs/03_train.ipynb #7e0a02aa
 def _rng_state(gen: torch.Generator) -> dict:
     s = dict(torch=torch.get_rng_state(), data=gen.get_state(), python=random.getstate(), numpy=np.random.get_state())
     if torch.cuda.is_available(): s['cuda'] = torch.cuda.get_rng_state_all()
@@ -122,45 +136,63 @@ def _set_rng_state(s: dict, gen: torch.Generator):
     torch.set_rng_state(s['torch']); gen.set_state(s['data']); random.setstate(s['python']); np.random.set_state(s['numpy'])
     if 'cuda' in s and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s['cuda'])
 
-def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, vocab_size: int):
-    "Write `ckpt-<step>/` completely, then point `latest` at it, then drop older checkpoints."
+def data_record(data: TokenData) -> dict:
+    "What a run records about its token data: corpus, fingerprint (tokenizer + token files) and vocabulary size."
+    return dict(corpus=data.corpus, fingerprint=data.fingerprint, vocab_size=data.vocab_size)
+
+def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, data: dict):
+    "Write `ckpt-<step>/` completely, then point `latest` at it, then drop older checkpoints. `data`: the `data_record`."
     run_dir = Path(run_dir); d = run_dir/f'ckpt-{step:06d}'
     tmp = run_dir/f'.{d.name}.tmp'
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
     save_model(model, str(tmp/'model.safetensors'))
-    torch.save(dict(step=step, optimizer=opt.state_dict(), rng=_rng_state(gen), vocab_size=vocab_size,
+    torch.save(dict(step=step, optimizer=opt.state_dict(), rng=_rng_state(gen), vocab_size=data['vocab_size'], data=data,
                     config=read_json(run_dir/'config.json')), tmp/'state.pt')
     shutil.rmtree(d, ignore_errors=True); os.replace(tmp, d)
     write_atomic(run_dir/'latest', d.name)
-    for old in run_dir.glob('ckpt-*'):
+    for old in [*run_dir.glob('ckpt-*'), *run_dir.glob('.ckpt-*.tmp')]:
         if old.name != d.name: shutil.rmtree(old, ignore_errors=True)
 
 def latest_checkpoint(run_dir):
-    "The newest complete checkpoint folder, or None."
+    "The newest checkpoint folder, or None when none was written; a `latest` that names no complete checkpoint is a `RunDirError`."
     p = Path(run_dir)/'latest'
     if not p.exists(): return None
-    d = Path(run_dir)/p.read_text().strip()
-    return d if (d/'model.safetensors').exists() and (d/'state.pt').exists() else None
+    name = p.read_text().strip()
+    d = Path(run_dir)/name
+    if name.startswith('ckpt-') and (d/'model.safetensors').is_file() and (d/'state.pt').is_file(): return d
+    raise RunDirError(f"{p} names the checkpoint {name!r}, which is missing or incomplete (the trainer never leaves it so: "
+                      f"it was deleted or damaged). Delete {Path(run_dir)} to train that run again from the start.")
 
-def load_checkpoint(ckpt_dir, model, opt=None, gen=None, cfg: ExperimentConfig = None) -> int:
+def _data_mismatch(old: dict, data: TokenData) -> str:
+    "'' when `data` is the token data recorded in `old`, else what differs."
+    new = data_record(data)
+    diff = [k for k in ('corpus', 'fingerprint', 'vocab_size') if k in old and old[k] != new[k]]
+    return ', '.join(f"{k} {old[k]!r} then, {new[k]!r} now" for k in diff)
+
+def load_checkpoint(ckpt_dir, model, opt=None, gen=None, cfg: ExperimentConfig = None, data: TokenData = None) -> int:
     "Restore weights (and optimizer and RNG states when given) from `ckpt_dir`; returns the step. Refuses a mismatch."
     ckpt_dir = Path(ckpt_dir)
+    fix = f"Delete {ckpt_dir.parent} to train that run again from the start."
     try:
         state = torch.load(ckpt_dir/'state.pt', map_location='cpu', weights_only=False)
-        if cfg is not None and state.get('config') not in (None, cfg.to_dict()):
-            diff = sorted(k for k, v in cfg.to_dict().items() if state['config'].get(k) != v)
-            raise TrainingError(f"Checkpoint {ckpt_dir} was written with another config (differs in {diff}). "
-                                f"Use a new run directory, or delete {ckpt_dir.parent} to start over.")
-        load_model(model, str(ckpt_dir/'model.safetensors'), device=str(next(model.parameters()).device))
-    except TrainingError: raise
+        if not isinstance(state, dict) or 'step' not in state: raise ValueError('state.pt holds no trainer state')
     except Exception as e:
-        raise TrainingError(f"Checkpoint {ckpt_dir} is corrupted or incompatible with this model ({type(e).__name__}: {e}). "
-                            f"Delete {ckpt_dir} (an older run directory's checkpoint) or the run directory to start over.") from e
-    if opt is not None: opt.load_state_dict(state['optimizer'])
-    if gen is not None: _set_rng_state(state['rng'], gen)
+        raise RunDirError(f"Checkpoint {ckpt_dir} is corrupted: its state.pt cannot be read ({type(e).__name__}: {e}). {fix}") from e
+    if cfg is not None and state.get('config') not in (None, cfg.to_dict()):
+        diff = sorted(k for k, v in cfg.to_dict().items() if state['config'].get(k) != v)
+        raise RunDirError(f"Checkpoint {ckpt_dir} was written with another config (differs in {diff}). {fix}")
+    if data is not None and (why := _data_mismatch(state.get('data') or {k: state[k] for k in ('vocab_size',) if k in state}, data)):
+        raise RunDirError(f"Checkpoint {ckpt_dir} was trained on other token data ({why}): the tokenizer or the token "
+                          f"caches changed since. Train on the data it was trained on, or: {fix}")
+    try:
+        load_model(model, str(ckpt_dir/'model.safetensors'), device=str(next(model.parameters()).device))
+        if opt is not None: opt.load_state_dict(state['optimizer'])
+        if gen is not None: _set_rng_state(state['rng'], gen)
+    except Exception as e:
+        raise RunDirError(f"Checkpoint {ckpt_dir} is corrupted or does not fit this model ({type(e).__name__}: {str(e)[:300]}). {fix}") from e
     return state['step']
 
-# %% ../nbs/03_train.ipynb #7e0a02aa
+# %% ../nbs/03_train.ipynb #484c157a
 def norm_stats(h: torch.Tensor) -> dict:
     "mean, p50, p99 and max of the per-token norms of `h`."
     n = h.detach().float().norm(dim=-1).flatten()
@@ -174,7 +206,7 @@ def overflow_margin(hidden: list, dtype: str) -> float:
     n2 = max(h.detach().float().pow(2).sum(-1).max().item() for h in hidden)
     return max(amax/fmax, n2/torch.finfo(torch.float32).max)
 
-# %% ../nbs/03_train.ipynb #484c157a
+# %% ../nbs/03_train.ipynb #64acee9b
 @torch.no_grad()
 def evaluate(model, tokens, cfg: ExperimentConfig, device, max_batches: int = None) -> list:
     "Mean CE of each loop's readout on fixed windows of `tokens`."
@@ -186,11 +218,11 @@ def evaluate(model, tokens, cfg: ExperimentConfig, device, max_batches: int = No
     model.train(was)
     return (tot/max(n, 1)).tolist()
 
-# %% ../nbs/03_train.ipynb #64acee9b
+# %% ../nbs/03_train.ipynb #cf8a2ee1
 @dataclass
 class RunResult:
     run_dir: Path
-    status: str       # 'done' or 'failed'
+    status: str       # 'done', or 'running' when paused by max_steps (a failed run raises TrainingError instead)
     steps: int
     final: dict       # the last train record
     eval: dict        # the last eval record
@@ -200,33 +232,55 @@ def _check_run_dir(run_dir: Path, cfg: ExperimentConfig):
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir/'.write-probe'; probe.write_text('ok'); probe.unlink()
     except OSError as e:
-        raise TrainingError(f"Cannot write to the run directory {run_dir} ({e.strerror}). Choose a writable out_dir.") from None
+        raise RunDirError(f"Cannot write to the run directory {run_dir} ({e.strerror or e}). Choose a writable out_dir / run directory.") from None
     old = read_json(run_dir/'config.json')
     if old is not None and old != cfg.to_dict():
         diff = sorted(k for k in set(old) | set(cfg.to_dict()) if old.get(k) != cfg.to_dict().get(k))
-        raise TrainingError(f"{run_dir} holds a run with another config (differs in {diff}). "
-                            f"Use a new run directory, or delete {run_dir} to retrain with the new config.")
+        raise RunDirError(f"{run_dir} holds a run with another config (differs in {diff}). "
+                          f"Use a new run directory, or delete {run_dir} to retrain with the new config.")
+
+def _check_data(run_dir: Path, cfg: ExperimentConfig, data: TokenData):
+    "Refuse token data that cannot fit the preset, or that differs from what the run in `run_dir` was trained on."
+    if data.corpus and data.corpus != cfg.corpus:
+        raise ConfigError(f"{cfg.name}: the token data is {data.corpus} but the preset trains on {cfg.corpus}; pass data prepared for this preset.")
+    if data.vocab_size > cfg.vocab_size:
+        raise ConfigError(f"{cfg.name}: the tokenizer has {data.vocab_size} tokens but the model only {cfg.vocab_size}; "
+                          "pass data prepared for this preset (prepare_data(cfg)), or raise vocab_size.")
+    for split in ('train', 'validation'):
+        if len(data.split(split)) < cfg.seq_len + 1:
+            raise ConfigError(f"{cfg.name}: the {split} split has {len(data.split(split))} tokens, too few for windows of seq_len={cfg.seq_len}; "
+                              "lower seq_len or raise max_train_lines.")
+    old = read_json(run_dir/'data.json')
+    if old is not None and (why := _data_mismatch(old, data)):
+        raise RunDirError(f"{run_dir} was trained on other token data ({why}): the tokenizer or the token caches changed since. "
+                          f"Pass the data it was trained on, or delete {run_dir} to retrain on the new data.")
 
 def _result(run_dir):
     st = run_status(run_dir)
     tr, ev = read_metrics(run_dir, 'train'), read_metrics(run_dir, 'eval')
     return RunResult(Path(run_dir), st.get('state'), st.get('step', 0), tr[-1] if tr else {}, ev[-1] if ev else {})
 
-# %% ../nbs/03_train.ipynb #e83691cb
+# %% ../nbs/03_train.ipynb #d98a037c
 def train(cfg: ExperimentConfig, run_dir, data: TokenData = None, data_dir=None, cache_dir=None,
           max_steps: int = None, progress: bool = True) -> RunResult:
     "Train a `LoopedLM` as `cfg` says, writing to `run_dir`; resume if interrupted; return at once if already done."
     run_dir = Path(run_dir)
+    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+        raise ConfigError(f"max_steps must be a positive integer (or None for the whole budget), got {max_steps!r}.")
     rank, world_size = init_distributed()
     main = rank == 0
     device = resolve_device(cfg)
     if cfg.batch_size % world_size:
         raise ConfigError(f"{cfg.name}: batch_size {cfg.batch_size} does not split over {world_size} ranks; use a multiple of {world_size}.")
     if main: _check_run_dir(run_dir, cfg)
-    if run_status(run_dir).get('state') == 'done': return _result(run_dir)
+    st = run_status(run_dir)
+    if st.get('state') == 'failed':
+        raise TrainingError(st.get('message') or f"{run_dir} is marked failed; delete it to train the run again.")  # the same verdict
+    if st.get('state') == 'done':
+        if data is not None: _check_data(run_dir, cfg, data)
+        return _result(run_dir)
     data = data or prepare_data(cfg, data_dir=data_dir, cache_dir=cache_dir, verbose=main)
-    if data.vocab_size > cfg.vocab_size:
-        raise ConfigError(f"The tokenizer has {data.vocab_size} tokens but the model only {cfg.vocab_size}; rebuild the tokenizer or raise vocab_size.")
+    _check_data(run_dir, cfg, data)
 
     torch.manual_seed(cfg.seed)
     model = LoopedLM(LoopedLMConfig.from_experiment(cfg)).to(device)
@@ -234,17 +288,19 @@ def train(cfg: ExperimentConfig, run_dir, data: TokenData = None, data_dir=None,
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, ckpt = 0, latest_checkpoint(run_dir)
     if ckpt is not None:
-        step = load_checkpoint(ckpt, model, opt, gen, cfg)
+        step = load_checkpoint(ckpt, model, opt, gen, cfg, data)
     if main:
         write_atomic(run_dir/'config.json', json.dumps(cfg.to_dict(), indent=1))
+        write_atomic(run_dir/'data.json', json.dumps(data_record(data), indent=1))
         recs = [r for r in read_metrics(run_dir) if r['step'] <= step]  # records past the checkpoint are redone
         write_atomic(run_dir/'metrics.jsonl', ''.join(json.dumps(r) + '\n' for r in recs))
         set_status(run_dir, 'running', step)
     if cfg.compile: model.loop = torch.compile(model.loop)  # one graph for the shared stack, whatever the exit depth
     net = nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
-    last = min(cfg.steps, max_steps or cfg.steps)
+    end = cfg.steps                       # the schedule, the log steps and the final evaluation follow the preset...
+    last = min(end, max_steps or end)     # ...max_steps only says where this call pauses (with a checkpoint)
     local = slice(rank*cfg.batch_size//world_size, (rank+1)*cfg.batch_size//world_size)
-    bad = torch.zeros(cfg.K + 1, dtype=torch.bool, device=device)  # [loss, loop 1..K] non-finite flags
+    bad = torch.zeros(cfg.K + 2, dtype=torch.bool, device=device)  # at the first non-finite step: [loss, grad norm, loop 1..K]
     first_bad = torch.full((), -1, dtype=torch.long, device=device)
     tok_per_step, t0, s0 = cfg.batch_size*cfg.seq_len, time.time(), step
     flops = train_flops_per_token(model.config, cfg.seq_len, cfg.loss)
@@ -252,14 +308,20 @@ def train(cfg: ExperimentConfig, run_dir, data: TokenData = None, data_dir=None,
     model.train()
 
     def check_finite():
-        if bad.any().item():
-            where = 'the loss' if bad[0] and not bad[1:].any() else f"the hidden state of loop {int(bad[1:].nonzero()[0]) + 1}"
-            msg = (f"{cfg.name} (readout={cfg.readout}, loss={cfg.loss}, norm_penalty={cfg.norm_penalty}) diverged: "
-                   f"non-finite values in {where} at step {int(first_bad)}. The last finite checkpoint is kept in {run_dir}; "
-                   "lower lr, raise warmup_steps or add a norm penalty, then rerun in a new run directory.")
-            if main: set_status(run_dir, 'failed', int(first_bad), msg)
-            bar.close()
-            raise TrainingError(msg)
+        if first_bad.item() < 0: return
+        b = bad.tolist()
+        loops = [k + 1 for k, f in enumerate(b[2:]) if f]
+        where = (f"the hidden state of loop {loops[0]} (of {cfg.K}; an entry, or its squared norm in float32)" if loops
+                 else ('the loss' if b[0] else 'the gradient norm'))
+        ck = latest_checkpoint(run_dir)
+        kept = f"The last finite checkpoint, {ck.name}, is kept in {run_dir}" if ck else f"No checkpoint had been written yet in {run_dir}"
+        msg = (f"Run {run_dir.name} (preset {cfg.name}: loss={cfg.loss}, readout={cfg.readout}, recurrence={cfg.recurrence}, "
+               f"norm_penalty={cfg.norm_penalty}, lr={cfg.lr}, seed={cfg.seed}) diverged: non-finite values in {where} "
+               f"at step {int(first_bad)}. {kept}; the run is marked failed and is not trained again. Lower lr, raise "
+               f"warmup_steps or add a norm penalty and train in a new run directory (or delete {run_dir} to retry).")
+        if main: set_status(run_dir, 'failed', int(first_bad), msg)
+        bar.close()
+        raise TrainingError(msg)
 
     try:
         while step < last:
@@ -267,16 +329,18 @@ def train(cfg: ExperimentConfig, run_dir, data: TokenData = None, data_dir=None,
             for gr in opt.param_groups: gr['lr'] = lr
             x, y = get_batch(data.train, cfg.batch_size, cfg.seq_len, gen, device=device)
             x, y = x[local], y[local]
-            log = (step + 1) % cfg.log_every == 0 or step + 1 == last
+            log = (step + 1) % cfg.log_every == 0 or step + 1 == end
             with autocast(cfg, device): obj, out = objective(net, x, y, cfg, all_losses=log)
             if log:
                 for h in out.hidden: h.retain_grad()
-            flags = torch.stack([~torch.isfinite(obj)] + [~torch.isfinite(h.detach()).all() for h in out.hidden])
-            first_bad = torch.where(flags.any() & (first_bad < 0), torch.tensor(step + 1, device=device), first_bad)
-            bad |= flags
+            fwd = [~torch.isfinite(obj)] + [~torch.isfinite(h.detach().float().pow(2).sum(-1)).all() for h in out.hidden]
             opt.zero_grad(set_to_none=True)
             obj.backward()
             gnorm = nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float('inf'))
+            flags = torch.stack([fwd[0], ~torch.isfinite(gnorm)] + fwd[1:])
+            new = flags.any() & (first_bad < 0)
+            bad = torch.where(new, flags, bad)
+            first_bad = torch.where(new, torch.tensor(step + 1, device=device), first_bad)
             opt.step()
             step += 1
             bar.update(1)
@@ -292,34 +356,36 @@ def train(cfg: ExperimentConfig, run_dir, data: TokenData = None, data_dir=None,
                            mfu=(step - s0)*tok_per_step*flops/dt/989e12 if device.type == 'cuda' else None,
                            overflow_margin=overflow_margin(out.hidden, cfg.dtype))
                 if rec['overflow_margin'] > 1e-3:
-                    warnings.warn(f"{cfg.name} step {step}: hidden norms reach {rec['overflow_margin']:.1e} of the {cfg.dtype} range; "
-                                  "they will overflow if the drift continues (add a norm penalty or inter-loop normalization).")
+                    warnings.warn(f"Run {run_dir.name} ({cfg.name}) step {step}: hidden norms reach {rec['overflow_margin']:.1e} of the "
+                                  f"{cfg.dtype} range; they will overflow if the drift continues (add a norm penalty or inter-loop normalization).")
                 if main:
                     with open(run_dir/'metrics.jsonl', 'a') as f: f.write(json.dumps(rec) + '\n')
                 bar.set_postfix(loss=f"{losses[-1]:.3f}", norm_K=f"{rec['norm'][-1]['mean']:.3g}")
                 t0, s0 = time.time(), step
             if step % cfg.ckpt_every == 0 or step == last:
                 check_finite()
-                if step == last and main:
+                if step == end and main:
                     ev = evaluate(model, data.validation, cfg, device)
                     with open(run_dir/'metrics.jsonl', 'a') as f: f.write(json.dumps(dict(kind='eval', step=step, split='validation', loss=ev)) + '\n')
-                if main: save_checkpoint(run_dir, model, opt, step, gen, data.vocab_size)
+                if main: save_checkpoint(run_dir, model, opt, step, gen, data_record(data))
                 t0, s0 = time.time(), step
     finally:
         bar.close()
-    if main: set_status(run_dir, 'done' if step == cfg.steps else 'running', step)
+    if main: set_status(run_dir, 'done' if step == end else 'running', step)
     if world_size > 1: dist.barrier()
     return _result(run_dir)
 
-# %% ../nbs/03_train.ipynb #d98a037c
+# %% ../nbs/03_train.ipynb #887b9294
 def load_run(run_dir, device='cpu') -> tuple:
     "(cfg, model) of a run directory, with the weights of its newest checkpoint, in eval mode."
     run_dir = Path(run_dir)
     c = read_json(run_dir/'config.json')
-    if c is None: raise TrainingError(f"{run_dir} is not a run directory (no config.json); train into it first.")
-    cfg = ExperimentConfig(**c)
+    if c is None: raise RunDirError(f"{run_dir} is not a run directory (no config.json); train into it first.")
+    try: cfg = ExperimentConfig(**c)
+    except (TypeError, ConfigError) as e:
+        raise RunDirError(f"{run_dir/'config.json'} does not hold a valid config ({e}); delete {run_dir} and train it again.") from None
     ckpt = latest_checkpoint(run_dir)
-    if ckpt is None: raise TrainingError(f"{run_dir} has no complete checkpoint; rerun `train` on it to finish the run.")
+    if ckpt is None: raise RunDirError(f"{run_dir} has no complete checkpoint; rerun `train` on it to finish the run.")
     model = LoopedLM(LoopedLMConfig.from_experiment(cfg)).to(device)
     load_checkpoint(ckpt, model, cfg=cfg)
     return cfg, model.eval()

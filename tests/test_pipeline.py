@@ -1,0 +1,76 @@
+"""The ablation pipeline: a diverged variant is reported, not fatal; a rerun redoes nothing; a changed config is refused.
+
+One small study on the smoke preset: `perloop-rmsnorm` (trained), `scale-clamp` (evaluates that same run) and
+`perloop-raw`, made to diverge by a NaN put into its hidden state at step 2.
+"""
+import configparser, hashlib, json, os
+from pathlib import Path
+import pytest
+import looped_lm.diagnostics, looped_lm.train
+from looped_lm.ablation import run_ablation, write_tables
+from looped_lm.config import load_preset, settings_path
+from looped_lm.train import train, RunDirError, run_status
+from _util import inject_nan
+
+VARIANTS = ['perloop-rmsnorm', 'perloop-raw', 'scale-clamp']
+KW = dict(max_eval_batches=1, progress=False)
+
+
+def snapshot(root) -> dict:
+    "path -> (mtime, sha256) of every file under `root`."
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(Path(root).rglob('*')) if p.is_file()}
+
+
+@pytest.fixture(scope='module')
+def study(tmp_path_factory, smoke_data):
+    out = tmp_path_factory.mktemp('ablation')
+    with pytest.MonkeyPatch.context() as mp:
+        inject_nan(mp, step=2, loop=2, when=lambda m: m.config.readout == 'raw' and m.training)
+        recs = run_ablation('smoke', VARIANTS, out_dir=out, **KW)
+    tables = write_tables(recs, out)
+    return out, recs, tables
+
+
+def test_a_diverged_variant_is_recorded_and_the_study_goes_on(study):
+    out, recs, tables = study
+    by = {r['variant']: r for r in recs}
+    assert {v: r['status'] for v, r in by.items()} == {'perloop-rmsnorm': 'done', 'perloop-raw': 'failed', 'scale-clamp': 'done'}
+    msg = by['perloop-raw']['message']
+    assert 'Run perloop-raw-seed0' in msg and 'hidden state of loop 2' in msg and 'at step 2' in msg, msg
+    assert run_status(out/'runs'/'perloop-raw-seed0')['state'] == 'failed'
+    assert tables['table1'].loc['perloop-raw', 'status'] == 'failed' and tables['table1'].loc['perloop-rmsnorm', 'status'] == 'done'
+    assert '| perloop-raw | failed |' in (out/'tables'/'table1.md').read_text()
+    assert json.loads((out/'records.json').read_text())[1]['status'] == 'failed'
+
+
+def test_rerun_retrains_and_reevaluates_nothing(study, monkeypatch):
+    out, recs, tables = study
+    before = snapshot(out)
+    def forbidden(*a, **k): raise AssertionError('the rerun computed something')
+    monkeypatch.setattr(looped_lm.train, 'get_batch', forbidden)         # no training step
+    monkeypatch.setattr(looped_lm.diagnostics, 'diagnose', forbidden)    # no diagnostic
+    again = run_ablation('smoke', VARIANTS, out_dir=out, **KW)  # (no NaN injection now: the failed run is not retried)
+    write_tables(again, out)
+    assert [{k: v for k, v in r.items()} for r in again] == recs
+    after = snapshot(out)
+    changed = sorted(k for k in after if after[k][1] != before.get(k, (0, None))[1])
+    assert changed == [] and after.keys() == before.keys(), changed   # identical records and tables, byte for byte
+    runs = {k: v for k, v in before.items() if k.startswith('runs')}
+    assert {k: after[k] for k in runs} == runs                          # and no file of a run was even rewritten
+
+
+def test_a_changed_config_is_refused(study, tmp_path, monkeypatch):
+    "The same study under a settings.ini whose smoke preset has another lr: refused before any work, nothing touched."
+    out, _, _ = study
+    p = configparser.ConfigParser(inline_comment_prefixes=('#', ';')); p.optionxform = str
+    p.read(settings_path())
+    p['smoke']['lr'] = str(2*float(p['smoke']['lr']))
+    with open(tmp_path/'settings.ini', 'w') as f: p.write(f)
+    monkeypatch.setenv('LOOPED_LM_SETTINGS', str(tmp_path/'settings.ini'))
+    before = snapshot(out/'runs')
+    with pytest.raises(RunDirError, match=r"holds a run with another config \(differs in \['lr'\]\).*delete"):
+        run_ablation('smoke', VARIANTS, out_dir=out, **KW)
+    with pytest.raises(RunDirError, match='another config'):  # and train() itself, on a finished run
+        train(load_preset('smoke'), out/'runs'/'perloop-rmsnorm-seed0', progress=False)
+    assert snapshot(out/'runs') == before
