@@ -130,6 +130,7 @@ def _table(records, row_fn) -> pd.DataFrame:
             m, s = _agg([p[key] for p in per])
             row[key], row[key + ' sd'] = m, s
         out.append(row)
+    if not out: return pd.DataFrame(index=pd.Index([], name='variant'))
     return pd.DataFrame(out).set_index('variant')
 
 def table1(records) -> pd.DataFrame:
@@ -174,6 +175,7 @@ def display_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 def to_markdown(df: pd.DataFrame) -> str:
     d = display_frame(df)
+    if d.empty: return '| variant |\n|---|\n'
     head = '| variant | ' + ' | '.join(d.columns) + ' |'
     rows = ['| ' + ' | '.join([str(i)] + [str(x) for x in r]) + ' |' for i, r in zip(d.index, d.values)]
     return '\n'.join([head, '|' + '---|'*(len(d.columns) + 1)] + rows) + '\n'
