@@ -161,7 +161,7 @@ def _fmt(v):
     if isinstance(v, str): return v
     if v is None or not np.isfinite(v): return '–'
     a = abs(v)
-    return f"{v:.2e}" if (a and (a < 1e-2 or a >= 1e5)) else (f"{v:,.0f}" if a >= 1000 else f"{v:.3g}")
+    return f"{v:.2e}" if (a and (a < 1e-2 or a >= 1e8)) else (f"{v:,.0f}" if a >= 1000 else f"{v:.3g}")
 
 def display_frame(df: pd.DataFrame) -> pd.DataFrame:
     "Cells as strings, `mean ± sd` where more than one seed was run."

@@ -90,7 +90,7 @@ def fig_ppl_vs_exit(res, fig_dir=None):
         ex = _exits(seeds)
         ks = [e['k'] for e in ex[0]]
         _band(ax, ks, [[e['ppl'] for e in s] for s in ex], pal[v], v, marker='o')
-    ax.set_xlabel('exit depth k'); ax.set_ylabel('test perplexity'); ax.set_xticks(ks)
+    ax.set_yscale('log'); ax.set_xlabel('exit depth k'); ax.set_ylabel('test perplexity (log)'); ax.set_xticks(ks)
     ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1)); ax.set_title('Perplexity vs exit depth')
     return fig
 
@@ -103,7 +103,7 @@ def fig_frontier(res, fig_dir=None):
         tps = np.mean([[e['tokens_per_s'] for e in s] for s in ex], 0); ppl = np.mean([[e['ppl'] for e in s] for s in ex], 0)
         ax.plot(tps, ppl, '-o', color=pal[v], label=v, ms=4)
         for k, (x, y) in enumerate(zip(tps, ppl), 1): ax.annotate(str(k), (x, y), fontsize=6, xytext=(2, 2), textcoords='offset points')
-    ax.set_xscale('log'); ax.set_xlabel('tokens/s (evaluation)'); ax.set_ylabel('test perplexity')
+    ax.set_xscale('log'); ax.set_yscale('log'); ax.set_xlabel('tokens/s (evaluation)'); ax.set_ylabel('test perplexity (log)')
     ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1)); ax.set_title('Perplexity–throughput frontier (labels: exit k)')
     return fig
 
