@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, asdict
 import torch, torch.nn as nn, torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 from .config import ExperimentConfig, ConfigError, READOUTS, RECURRENCES
 
 # %% auto #0
-__all__ = ['LoopedLMConfig', 'make_norm', 'CausalSelfAttention', 'MLP', 'Block', 'readout_ce', 'LoopedOutput', 'unit_rms',
-           'clamp_to', 'LoopedLM', 'num_params', 'forward_flops_per_token', 'train_flops_per_token']
+__all__ = ['LoopedLMConfig', 'make_norm', 'CausalSelfAttention', 'MLP', 'Block', 'linear_ce', 'LoopedOutput', 'unit_rms',
+           'clamp_to', 'LoopedLM', 'num_params', 'forward_flops_per_token', 'train_flops_per_token',
+           'saved_tensor_bytes']
 
 # %% ../nbs/01_model.ipynb #0c479aa1
 @dataclass(frozen=True)
@@ -57,7 +57,9 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x):
         B, T, D = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D//self.n_heads).permute(2, 0, 3, 1, 4)
+        # split, then one transpose per tensor: its backward is a single concatenation (a permute of a
+        # (B, T, 3, H, hd) view would cost a stack and a copy)
+        q, k, v = (t.view(B, T, self.n_heads, D//self.n_heads).transpose(1, 2) for t in self.qkv(x).split(D, dim=2))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, D))
 
@@ -79,15 +81,59 @@ class Block(nn.Module):
         return h + self.mlp(self.norm2(h))
 
 # %% ../nbs/01_model.ipynb #f625a947
-def readout_ce(h: torch.Tensor, targets: torch.Tensor, readout, chunk: int = 0) -> torch.Tensor:
-    "Mean cross-entropy of `readout(h)` against `targets`, over chunks of `chunk` tokens (0: all at once)."
-    h, t = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
-    def ce_sum(hc, tc): return F.cross_entropy(readout(hc).float(), tc, reduction='sum')
-    if chunk <= 0 or chunk >= len(t): return ce_sum(h, t)/len(t)
-    tot = sum(checkpoint(ce_sum, h[i:i+chunk], t[i:i+chunk], use_reentrant=False) for i in range(0, len(t), chunk))
-    return tot/len(t)
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    "The dtype a linear layer computes in: the autocast dtype when autocast is on for x's device, else x's."
+    dt = x.device.type
+    return torch.get_autocast_dtype(dt) if torch.is_autocast_enabled(dt) else x.dtype
 
-# %% ../nbs/01_model.ipynb #877d033f
+def _ce_chunks(x, w, t, chunk, grads: bool):
+    "Sum of the CE of each chunk of rows of `x` (and, if `grads`, d(sum)/dx and d(sum)/dw)."
+    cd = _compute_dtype(x)
+    wc = w.to(cd)
+    tot = torch.zeros((), dtype=torch.float32, device=x.device)
+    dx = torch.empty_like(x) if grads else None
+    dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if grads else None
+    for i in range(0, len(t), chunk):
+        xc, tc = x[i:i+chunk].to(cd), t[i:i+chunk]
+        logits = torch.mm(xc, wc.t()).float()                         # (chunk, V): the only vocabulary-sized tensor
+        tgt = logits.gather(1, tc[:, None])
+        m = logits.amax(-1, keepdim=True)
+        e = logits.sub_(m).exp_()                                     # in place: no other (chunk, V) temporaries
+        s = e.sum(-1, keepdim=True)
+        tot += (s.log() + m - tgt).sum()                              # log-sum-exp - target logit
+        if not grads: continue
+        g = e.div_(s)                                                 # softmax...
+        g[torch.arange(len(tc), device=g.device), tc] -= 1            # ... - onehot: dCE/dlogits
+        g = g.to(cd)
+        dx[i:i+chunk] = torch.mm(g, wc)
+        if cd == torch.float32: dw.addmm_(g.t(), xc)
+        else: dw += torch.mm(g.t(), xc).float()
+    return tot, dx, dw
+
+class _LinearCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, t, chunk):
+        tot, dx, dw = _ce_chunks(x, w, t, chunk, grads=True)
+        ctx.save_for_backward(dx, dw)
+        ctx.w_dtype = w.dtype
+        return tot/len(t)
+
+    @staticmethod
+    def backward(ctx, go):
+        dx, dw = ctx.saved_tensors
+        s = go/dx.shape[0]
+        return ((dx*s.to(dx.dtype)) if ctx.needs_input_grad[0] else None,
+                (dw*s).to(ctx.w_dtype) if ctx.needs_input_grad[1] else None, None, None)
+
+def linear_ce(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+    "Mean cross-entropy of the logits `x @ weight.T` against `targets`, over chunks of `chunk` tokens (0: plain)."
+    x, t = x.reshape(-1, x.shape[-1]), targets.reshape(-1)
+    if chunk <= 0 or chunk >= len(t): return F.cross_entropy(F.linear(x, weight).float(), t)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return _LinearCE.apply(x, weight, t, chunk)
+    return _ce_chunks(x, weight, t, chunk, grads=False)[0]/len(t)
+
+# %% ../nbs/01_model.ipynb #fc6b0c7a
 @dataclass
 class LoopedOutput:
     hidden: list            # [H_1, ..., H_k], each (B, T, d)
@@ -107,7 +153,7 @@ def clamp_to(h: torch.Tensor, ref_norm: torch.Tensor) -> torch.Tensor:
     "Rescale each token of `h` to the per-token norm `ref_norm` (shape (..., 1)), keeping its direction."
     return h * (ref_norm / _wide(h).norm(dim=-1, keepdim=True).clamp_min(1e-30)).to(h.dtype)
 
-# %% ../nbs/01_model.ipynb #7c24c895
+# %% ../nbs/01_model.ipynb #ac82d31a
 class LoopedLM(nn.Module):
     "A decoder-only LM whose single stack of `n_layers` pre-norm blocks is applied `K` times."
     def __init__(self, c: LoopedLMConfig):
@@ -138,11 +184,15 @@ class LoopedLM(nn.Module):
         for blk in self.stack: h = blk(h)
         return h
 
-    def readout(self, h, k: int = None):
-        "Logits of hidden state `h` read out at loop `k` (only `final_norm` depends on `k`)."
+    def readout_input(self, h, k: int = None):
+        "What the head sees of hidden state `h` at loop `k`: `out_norm(h)`, or `h` itself (`raw`; `final_norm` before loop K)."
         c = self.config
         normed = c.readout in ('rmsnorm', 'layernorm') or (c.readout == 'final_norm' and (k or c.K) == c.K)
-        return self.head(self.out_norm(h) if normed else h)
+        return self.out_norm(h) if normed else h
+
+    def readout(self, h, k: int = None):
+        "Logits of hidden state `h` read out at loop `k` (only `final_norm` depends on `k`)."
+        return self.head(self.readout_input(h, k))
 
     def feed(self, h, h1_norm=None):
         "What loop k+1 receives from H_k: H_k itself, its unit-RMS version (`internorm`), or the clamped state."
@@ -166,11 +216,11 @@ class LoopedLM(nn.Module):
         losses = None
         if targets is not None:
             ks = range(1, k_max+1) if loss_loops == 'all' else [k_max]
-            losses = torch.stack([readout_ce(hidden[k-1], targets, lambda x, k=k: self.readout(x, k), ce_chunk) for k in ks])
+            losses = torch.stack([linear_ce(self.readout_input(hidden[k-1], k), self.head.weight, targets, ce_chunk) for k in ks])
         if return_logits is None: return_logits = targets is None
         return LoopedOutput(hidden, self.readout(hidden[-1], k_max) if return_logits else None, losses)
 
-# %% ../nbs/01_model.ipynb #ac82d31a
+# %% ../nbs/01_model.ipynb #7f517519
 def num_params(model: nn.Module, embeddings: bool = True) -> int:
     "Distinct trainable parameters; `embeddings=False` leaves out token and position embeddings (and a tied head)."
     n = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -187,3 +237,14 @@ def forward_flops_per_token(c: LoopedLMConfig, seq_len: int, exit_k: int = None,
 def train_flops_per_token(c: LoopedLMConfig, seq_len: int, loss: str = 'perloop') -> float:
     "Training FLOPs per token: 3x the forward (forward + backward), with K readouts for per-loop CE."
     return 3*forward_flops_per_token(c, seq_len, c.K, c.K if loss == 'perloop' else 1)
+
+# %% ../nbs/01_model.ipynb #9177ab75
+def saved_tensor_bytes(fn, exclude=()) -> tuple:
+    "(fn(), bytes of the distinct storages autograd saved for backward while `fn` ran), leaving out those of `exclude`."
+    skip, seen = {p.untyped_storage().data_ptr() for p in exclude}, {}
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip: seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t): out = fn()
+    return out, sum(seen.values())

@@ -21,7 +21,7 @@ from .data import prepare_data, get_batch, eval_batches, TokenData
 __all__ = ['norm_penalty', 'objective', 'param_groups', 'make_optimizer', 'lr_at', 'TrainingError', 'RunDirError',
            'resolve_device', 'autocast', 'world', 'init_distributed', 'write_atomic', 'read_json', 'read_metrics',
            'set_status', 'run_status', 'data_record', 'save_checkpoint', 'latest_checkpoint', 'load_checkpoint',
-           'norm_stats', 'overflow_margin', 'evaluate', 'RunResult', 'train', 'load_run']
+           'norm_stats', 'overflow_margin', 'evaluate', 'RunResult', 'train', 'train_cli', 'load_run']
 
 # %% ../nbs/03_train.ipynb #5cb2a61f
 def norm_penalty(hidden: list) -> torch.Tensor:
@@ -308,8 +308,14 @@ def train(cfg: ExperimentConfig, run_dir, data: TokenData = None, data_dir=None,
     model.train()
 
     def check_finite():
-        if first_bad.item() < 0: return
-        b = bad.tolist()
+        fb, bd = first_bad, bad
+        if world_size > 1:  # every rank takes the same decision: the earliest step any rank flagged, and what it flagged
+            big = torch.iinfo(torch.long).max
+            fb = torch.where(first_bad < 0, big, first_bad); dist.all_reduce(fb, op=dist.ReduceOp.MIN)
+            bd = bad.to(torch.int32); dist.all_reduce(bd, op=dist.ReduceOp.MAX)
+            fb = torch.where(fb == big, -1, fb)
+        if fb.item() < 0: return
+        b = bd.tolist()
         loops = [k + 1 for k, f in enumerate(b[2:]) if f]
         where = (f"the hidden state of loop {loops[0]} (of {cfg.K}; an entry, or its squared norm in float32)" if loops
                  else ('the loss' if b[0] else 'the gradient norm'))
@@ -317,9 +323,9 @@ def train(cfg: ExperimentConfig, run_dir, data: TokenData = None, data_dir=None,
         kept = f"The last finite checkpoint, {ck.name}, is kept in {run_dir}" if ck else f"No checkpoint had been written yet in {run_dir}"
         msg = (f"Run {run_dir.name} (preset {cfg.name}: loss={cfg.loss}, readout={cfg.readout}, recurrence={cfg.recurrence}, "
                f"norm_penalty={cfg.norm_penalty}, lr={cfg.lr}, seed={cfg.seed}) diverged: non-finite values in {where} "
-               f"at step {int(first_bad)}. {kept}; the run is marked failed and is not trained again. Lower lr, raise "
+               f"at step {int(fb)}. {kept}; the run is marked failed and is not trained again. Lower lr, raise "
                f"warmup_steps or add a norm penalty and train in a new run directory (or delete {run_dir} to retry).")
-        if main: set_status(run_dir, 'failed', int(first_bad), msg)
+        if main: set_status(run_dir, 'failed', int(fb), msg)
         bar.close()
         raise TrainingError(msg)
 
@@ -340,21 +346,32 @@ def train(cfg: ExperimentConfig, run_dir, data: TokenData = None, data_dir=None,
             flags = torch.stack([fwd[0], ~torch.isfinite(gnorm)] + fwd[1:])
             new = flags.any() & (first_bad < 0)
             bad = torch.where(new, flags, bad)
-            first_bad = torch.where(new, torch.tensor(step + 1, device=device), first_bad)
+            first_bad = torch.where(new, step + 1, first_bad)  # no host sync: flags are read at log and checkpoint steps
             opt.step()
             step += 1
             bar.update(1)
             if log:
                 check_finite()
                 losses = out.losses.detach().float()
-                if world_size > 1: dist.all_reduce(losses); losses /= world_size
+                norms = [norm_stats(h) for h in out.hidden]
+                radial = [radial_fraction(h.grad, h.detach()).item() if h.grad is not None else float('nan') for h in out.hidden]
+                margin, objv = overflow_margin(out.hidden, cfg.dtype), obj.item()
+                if world_size > 1:  # the whole global batch: means of means, maxima of maxima (p50/p99 stay rank 0's)
+                    mean = torch.tensor([objv, *losses.tolist(), *radial, *[n['mean'] for n in norms]], device=device)
+                    mx = torch.tensor([margin, *[n['max'] for n in norms]], device=device)
+                    dist.all_reduce(mean); mean /= world_size; dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+                    mean, mx = mean.tolist(), mx.tolist()
+                    objv, K_ = mean[0], cfg.K
+                    losses = torch.tensor(mean[1:1+len(losses)])
+                    radial = mean[1+len(losses):1+len(losses)+K_]
+                    for n, m_, x_ in zip(norms, mean[1+len(losses)+K_:], mx[1:]): n.update(mean=m_, max=x_)
+                    margin = mx[0]
                 dt = time.time() - t0
-                rec = dict(kind='train', step=step, lr=lr, objective=obj.item(), loss=losses.tolist(),
-                           norm=[norm_stats(h) for h in out.hidden],
-                           radial=[radial_fraction(h.grad, h.detach()).item() if h.grad is not None else None for h in out.hidden],
+                rec = dict(kind='train', step=step, lr=lr, objective=objv, loss=losses.tolist(), norm=norms,
+                           radial=[None if math.isnan(r) else r for r in radial],
                            grad_norm=gnorm.item(), tokens_per_s=(step - s0)*tok_per_step/dt,
-                           mfu=(step - s0)*tok_per_step*flops/dt/989e12 if device.type == 'cuda' else None,
-                           overflow_margin=overflow_margin(out.hidden, cfg.dtype))
+                           mfu=(step - s0)*tok_per_step*flops/dt/(989e12*world_size) if device.type == 'cuda' else None,
+                           overflow_margin=margin)
                 if rec['overflow_margin'] > 1e-3:
                     warnings.warn(f"Run {run_dir.name} ({cfg.name}) step {step}: hidden norms reach {rec['overflow_margin']:.1e} of the "
                                   f"{cfg.dtype} range; they will overflow if the drift continues (add a norm penalty or inter-loop normalization).")
@@ -376,6 +393,18 @@ def train(cfg: ExperimentConfig, run_dir, data: TokenData = None, data_dir=None,
     return _result(run_dir)
 
 # %% ../nbs/03_train.ipynb #887b9294
+from fastcore.script import call_parse
+
+@call_parse
+def train_cli(preset: str,          # a section of settings.ini
+              run_dir: str,         # where the run lives (resumed if it exists)
+              data_dir: str = None  # a local copy of the corpus (default: $LOOPED_LM_DATA, else the Hub)
+             ):
+    "Train `preset` into `run_dir`, resuming an interrupted run."
+    r = train(load_preset(preset), run_dir, data_dir=data_dir)
+    if world()[0] == 0: print(f"{r.run_dir}: {r.status} at step {r.steps}")
+
+# %% ../nbs/03_train.ipynb #bdc86163
 def load_run(run_dir, device='cpu') -> tuple:
     "(cfg, model) of a run directory, with the weights of its newest checkpoint, in eval mode."
     run_dir = Path(run_dir)
