@@ -56,9 +56,7 @@ def check_params(preset, variants=None, seeds=None, out_dir=None, device='auto')
     cfg = load_preset(preset)
     if device not in ('auto', 'cpu', 'cuda'): raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}.")
     if device != 'auto': cfg = cfg.replace(device=device)
-    if cfg.device != 'cuda' and device == 'auto' and cfg.dtype == 'bfloat16' and not __import__('torch').cuda.is_available():
-        pass  # resolve_device below names the fix
-    resolve_device(cfg)
+    resolve_device(cfg)  # GPU-only options on a machine without a GPU are refused here, with the override that fixes them
     names = list(VARIANTS) if variants in (None, 'all', ['all']) else ([variants] if isinstance(variants, str) else list(variants))
     bad = [v for v in names if v not in VARIANTS]
     if bad: raise ConfigError(f"Unknown variant(s) {bad}. Valid variants: {', '.join(VARIANTS)} (or 'all').")
