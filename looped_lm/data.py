@@ -15,8 +15,8 @@ from .config import ExperimentConfig, CORPORA
 # %% auto #0
 __all__ = ['SPLITS', 'HUB_REPO', 'DATA_ENV', 'CACHE_ENV', 'EOT', 'CACHE_VERSION', 'DataNotFoundError', 'resolve_data_dir',
            'local_files', 'hub_offline', 'load_corpus', 'iter_rows', 'with_article_starts', 'train_tokenizer',
-           'resolve_cache_dir', 'tokenizer_path', 'load_cached_split', 'encode_split', 'TokenData', 'prepare_data',
-           'get_batch', 'eval_batches']
+           'resolve_cache_dir', 'write_atomic', 'tokenizer_path', 'load_cached_split', 'encode_split', 'TokenData',
+           'prepare_data', 'get_batch', 'eval_batches']
 
 # %% ../nbs/02_data.ipynb #366f78b6
 SPLITS = ('train', 'validation', 'test')
@@ -161,11 +161,11 @@ def _sha(*parts) -> str: return hashlib.sha256(json.dumps(parts).encode()).hexdi
 
 def _tmp_for(p: Path) -> Path: return p.with_name(f'.{p.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp')
 
-def _write_atomic(p: Path, data: bytes, first_wins: bool = False):
-    "Write `data` to `p` through a temporary file; with `first_wins`, keep `p` if another writer got there first."
-    tmp = _tmp_for(p)
+def write_atomic(p: Path, data, first_wins: bool = False):
+    "Write `data` (bytes or str) to `p` through a temporary file and a rename; with `first_wins`, keep `p` if another writer got there first."
+    p = Path(p); tmp = _tmp_for(p)
     try:
-        tmp.write_bytes(data)
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
         if first_wins:
             try: os.link(tmp, p); return    # atomic, and fails if p exists
             except FileExistsError: return
@@ -234,7 +234,7 @@ def encode_split(tok: Tokenizer, rows, bin_path: Path, fingerprint: str, total: 
                     sha256=h.hexdigest(), vocab_size=tok.get_vocab_size())
         os.replace(tmp, bin_path)
     finally: tmp.unlink(missing_ok=True)
-    _write_atomic(bin_path.with_suffix('.json'), json.dumps(meta, indent=1).encode())
+    write_atomic(bin_path.with_suffix('.json'), json.dumps(meta, indent=1).encode())
     return meta
 
 # %% ../nbs/02_data.ipynb #c383d7ba
@@ -276,7 +276,7 @@ def _load_or_train_tokenizer(cfg, path: Path, text, verbose):
     if verbose: print(f"training a {cfg.vocab_size}-token byte-level BPE on the train split")
     n = min(cfg.max_train_lines or len(text()['train']), len(text()['train']))
     tok = train_tokenizer(rows, cfg.vocab_size, length=n, verbose=verbose)
-    _write_atomic(path, tok.to_str(pretty=True).encode(), first_wins=True)
+    write_atomic(path, tok.to_str(pretty=True).encode(), first_wins=True)
     return Tokenizer.from_file(str(path)), True  # the published file: the one every process uses
 
 def prepare_data(cfg: ExperimentConfig, data_dir=None, cache_dir=None, verbose: bool = True) -> TokenData:

@@ -8,7 +8,7 @@ import json, math, time
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 from .lemmas import radial_fraction
-from .data import eval_batches
+from .data import eval_batches, write_atomic
 
 # %% auto #0
 __all__ = ['ce_of', 'eval_exits', 'hill_estimator', 'token_norms', 'norm_distribution', 'radial_fractions', 'angular_updates',
@@ -149,7 +149,7 @@ def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, clamp: bo
     if p.exists():
         rep = json.loads(p.read_text())
         if rep.get('checkpoint') == ckpt and rep.get('max_batches') == max_batches: return rep
-    from looped_lm.train import load_run, write_atomic
+    from looped_lm.train import load_run
     cfg, model = load_run(run_dir, device)
     rep = dict(checkpoint=ckpt, max_batches=max_batches, clamped=clamp, **diagnose(model, cfg, data, device, max_batches, clamp))
     write_atomic(p, json.dumps(rep))

@@ -15,12 +15,12 @@ from safetensors.torch import save_model, load_model
 from .config import ExperimentConfig, ConfigError, load_preset
 from .model import LoopedLM, LoopedLMConfig, train_flops_per_token
 from .lemmas import radial_fraction
-from .data import prepare_data, get_batch, eval_batches, TokenData
+from .data import prepare_data, get_batch, eval_batches, TokenData, write_atomic
 
 # %% auto #0
 __all__ = ['norm_penalty', 'objective', 'param_groups', 'make_optimizer', 'lr_at', 'TrainingError', 'RunDirError',
-           'resolve_device', 'autocast', 'world', 'init_distributed', 'write_atomic', 'read_json', 'read_metrics',
-           'set_status', 'run_status', 'data_record', 'save_checkpoint', 'latest_checkpoint', 'load_checkpoint',
+           'resolve_device', 'autocast', 'world', 'init_distributed', 'read_json', 'read_metrics', 'set_status',
+           'run_status', 'data_record', 'save_checkpoint', 'latest_checkpoint', 'config_diff', 'load_checkpoint',
            'norm_stats', 'overflow_margin', 'evaluate', 'RunResult', 'train', 'train_cli', 'load_run']
 
 # %% ../nbs/03_train.ipynb #5cb2a61f
@@ -92,11 +92,6 @@ def init_distributed():
     return world()
 
 # %% ../nbs/03_train.ipynb #1fc43f52
-def write_atomic(path: Path, text: str):
-    "Write `text` to `path` through a temporary file and a rename."
-    path = Path(path); tmp = path.with_name(f'.{path.name}.tmp{os.getpid()}')
-    tmp.write_text(text); os.replace(tmp, path)
-
 def read_json(path: Path, default=None):
     "The JSON value in `path` (`default` if there is no such file); a damaged file is a `RunDirError` naming it."
     path = Path(path)
@@ -163,6 +158,11 @@ def latest_checkpoint(run_dir):
     raise RunDirError(f"{p} names the checkpoint {name!r}, which is missing or incomplete (the trainer never leaves it so: "
                       f"it was deleted or damaged). Delete {Path(run_dir)} to train that run again from the start.")
 
+def config_diff(old: dict, cfg: ExperimentConfig) -> list:
+    "The keys in which a recorded config `old` differs from `cfg`."
+    new = cfg.to_dict()
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
 def _data_mismatch(old: dict, data: TokenData) -> str:
     "'' when `data` is the token data recorded in `old`, else what differs."
     new = data_record(data)
@@ -179,8 +179,7 @@ def load_checkpoint(ckpt_dir, model, opt=None, gen=None, cfg: ExperimentConfig =
     except Exception as e:
         raise RunDirError(f"Checkpoint {ckpt_dir} is corrupted: its state.pt cannot be read ({type(e).__name__}: {e}). {fix}") from e
     if cfg is not None and state.get('config') not in (None, cfg.to_dict()):
-        diff = sorted(k for k, v in cfg.to_dict().items() if state['config'].get(k) != v)
-        raise RunDirError(f"Checkpoint {ckpt_dir} was written with another config (differs in {diff}). {fix}")
+        raise RunDirError(f"Checkpoint {ckpt_dir} was written with another config (differs in {config_diff(state['config'], cfg)}). {fix}")
     if data is not None and (why := _data_mismatch(state.get('data') or {k: state[k] for k in ('vocab_size',) if k in state}, data)):
         raise RunDirError(f"Checkpoint {ckpt_dir} was trained on other token data ({why}): the tokenizer or the token "
                           f"caches changed since. Train on the data it was trained on, or: {fix}")
@@ -235,8 +234,7 @@ def _check_run_dir(run_dir: Path, cfg: ExperimentConfig):
         raise RunDirError(f"Cannot write to the run directory {run_dir} ({e.strerror or e}). Choose a writable out_dir / run directory.") from None
     old = read_json(run_dir/'config.json')
     if old is not None and old != cfg.to_dict():
-        diff = sorted(k for k in set(old) | set(cfg.to_dict()) if old.get(k) != cfg.to_dict().get(k))
-        raise RunDirError(f"{run_dir} holds a run with another config (differs in {diff}). "
+        raise RunDirError(f"{run_dir} holds a run with another config (differs in {config_diff(old, cfg)}). "
                           f"Use a new run directory, or delete {run_dir} to retrain with the new config.")
 
 def _check_data(run_dir: Path, cfg: ExperimentConfig, data: TokenData):
