@@ -4,21 +4,26 @@
 
 # %% ../nbs/00a_config.ipynb #63984935
 from __future__ import annotations
-import configparser, dataclasses, math, os
+import configparser, dataclasses, math, os, re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['READOUTS', 'RECURRENCES', 'LOSSES', 'CORPORA', 'DTYPES', 'DEVICES', 'ExperimentConfig', 'ConfigError', 'validate',
+__all__ = ['READOUTS', 'RECURRENCES', 'LOSSES', 'CORPORA', 'DTYPES', 'DEVICES', 'MLPS', 'INITS', 'SCHEDULES', 'TOKENIZERS',
+           'MAX_POSITION_ELEMENTS', 'CORPUS_NAME', 'ExperimentConfig', 'ConfigError', 'parse_seeds', 'validate',
            'settings_path', 'list_presets', 'load_preset']
 
 # %% ../nbs/00a_config.ipynb #b4379d22
 READOUTS = ('rmsnorm', 'layernorm', 'raw', 'final_norm')  # how H_k is read out (see 01_model)
 RECURRENCES = ('plain', 'internorm')  # what is fed back between loops
 LOSSES = ('perloop', 'terminal')  # where the cross-entropy is placed (see 03_train)
-CORPORA = ('wikitext-2-v1', 'wikitext-2-raw-v1', 'wikitext-103-v1', 'wikitext-103-raw-v1')
+CORPORA = ('wikitext-2-v1', 'wikitext-2-raw-v1', 'wikitext-103-v1', 'wikitext-103-raw-v1')  # known to the Hub loader
 DTYPES = ('float32', 'bfloat16')
 DEVICES = ('auto', 'cpu', 'cuda')
+MLPS = ('gelu', 'swiglu')  # the block's MLP (see 01_model)
+INITS = ('gpt2', 'torch')  # weight initialisation (see 01_model)
+SCHEDULES = ('cosine', 'constant')  # learning-rate schedule (see 03_train)
+TOKENIZERS = ('bpe', 'regex')  # byte-level BPE or the official word-level regex tokenizer (see 02_data)
 
 # %% ../nbs/00a_config.ipynb #dcfc69e8
 @dataclass(frozen=True)
@@ -26,29 +31,36 @@ class ExperimentConfig:
     "One experiment: model, data, budget, objective, optimiser and run settings (one section of `settings.ini`)."
     name: str = 'custom'
     # model
-    vocab_size: int = 512          # BPE vocabulary size (byte-level BPE trained on the train split)
+    vocab_size: int = 512          # tokenizer vocabulary size (fitted on the corpus)
     d_model: int = 64              # width of the residual stream
     n_layers: int = 1              # L: decoder blocks in the shared stack
     n_heads: int = 2               # attention heads
-    mlp_ratio: float = 4.0         # MLP hidden width / d_model
+    mlp_ratio: float = 4.0         # MLP hidden width / d_model (hidden = int(mlp_ratio * d_model))
     max_seq_len: int = 64          # context of the learned position embedding
     K: int = 4                     # loops: applications of the shared stack
     readout: str = 'rmsnorm'       # one of READOUTS
     recurrence: str = 'plain'      # one of RECURRENCES
     tie_weights: bool = True       # output head shares the token embedding
     norm_eps: float = 1e-6         # epsilon of every norm
+    mlp: str = 'gelu'              # one of MLPS: GELU MLP or SwiGLU (official recipe)
+    dropout: float = 0.0           # dropout after the embedding sum, on attention probabilities and on the MLP output
+    init: str = 'gpt2'             # one of INITS: GPT-2 style N(0, 0.02) or PyTorch defaults (official recipe)
     # objective
     loss: str = 'perloop'          # one of LOSSES
-    norm_penalty: float = 0.0      # lambda of lambda * sum_k mean_tokens ||H_k||^2
-    control_norm_penalty: float = 1e-3  # the lambda the ablation's norm-penalty control uses
+    norm_penalty: float = 0.0      # lambda of lambda * (1/K) sum_k mean over all elements of H_k^2 (official penalty)
+    control_norm_penalty: float = 0.01  # the lambda the ablation's norm-penalty conditions use
     # data
-    corpus: str = 'wikitext-2-v1'  # one of CORPORA
+    corpus: str = 'wikitext-2-v1'  # a CORPORA name (Hub) or any [A-Za-z0-9._-]+ name with a local copy
+    tokenizer: str = 'bpe'         # one of TOKENIZERS
+    min_freq: int = 2              # regex tokenizer: minimum count of a kept token
     max_train_lines: int = 0       # use only the first lines of the train split (0: all)
     seq_len: int = 32              # training and evaluation window
+    stride: int = 0                # training windows: 0 = random windows; > 0 = a window every `stride` tokens, shuffled per epoch
     batch_size: int = 8            # sequences per step (global, over all ranks)
     train_tokens: int = 24576      # token budget: steps = train_tokens // (batch_size * seq_len)
     # optimiser
     lr: float = 1e-3               # peak learning rate
+    schedule: str = 'cosine'       # one of SCHEDULES: warmup then cosine, or constant (no warmup, no decay)
     min_lr_ratio: float = 0.1      # cosine decays to min_lr_ratio * lr
     warmup_steps: int = 100        # linear warmup
     weight_decay: float = 0.1      # AdamW decoupled weight decay on matrices
@@ -57,13 +69,15 @@ class ExperimentConfig:
     grad_clip: float = 1.0         # max global gradient norm (0: no clipping)
     decay_embeddings: bool = False # apply weight decay to embeddings too
     decay_norms: bool = False      # apply weight decay to norm gains too
+    decay_all: bool = False        # one AdamW group: weight decay on every parameter (official recipe)
     # run
     seed: int = 0
+    seeds: str = ''                # a study's default seeds, e.g. '42, 101, 202' ('' = [seed])
     log_every: int = 10            # steps between metric records (norms, radial fractions)
     ckpt_every: int = 200          # steps between checkpoints
     eval_batches: int = 20         # validation batches per evaluation
-    dtype: str = 'float32'         # one of DTYPES; bfloat16 is autocast on CUDA
-    compile: bool = False          # torch.compile the model (CUDA only)
+    dtype: str = 'float32'         # one of DTYPES; bfloat16 is autocast
+    compile: bool = False          # torch.compile the model
     ce_chunk: int = 0              # tokens per chunk of the chunked readout/CE (0: unchunked)
     device: str = 'auto'           # one of DEVICES
 
@@ -73,6 +87,11 @@ class ExperimentConfig:
     def steps(self) -> int:
         "Optimiser steps the token budget buys."
         return self.train_tokens // (self.batch_size * self.seq_len)
+
+    @property
+    def seed_list(self) -> list:
+        "The study's seeds: `seeds` parsed (distinct non-negative ints below 2**32), or `[seed]` when it is empty."
+        return parse_seeds(self.seeds, self.name) if self.seeds.strip() else [self.seed]
 
     def replace(self, **kw) -> 'ExperimentConfig':
         "A copy with `kw` changed; unknown keys and bad values are errors."
@@ -85,36 +104,77 @@ class ExperimentConfig:
 class ConfigError(ValueError):
     "A preset, key or value that cannot be used."
 
-_CHOICES = dict(readout=READOUTS, recurrence=RECURRENCES, loss=LOSSES, corpus=CORPORA, dtype=DTYPES, device=DEVICES)
+_CHOICES = dict(readout=READOUTS, recurrence=RECURRENCES, loss=LOSSES, dtype=DTYPES, device=DEVICES,
+                mlp=MLPS, init=INITS, schedule=SCHEDULES, tokenizer=TOKENIZERS)
 _POSITIVE = ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'mlp_ratio', 'max_seq_len', 'K', 'seq_len', 'batch_size',
-             'train_tokens', 'lr', 'norm_eps', 'log_every', 'ckpt_every', 'eval_batches')
-_NONNEGATIVE = ('norm_penalty', 'control_norm_penalty', 'max_train_lines', 'min_lr_ratio', 'warmup_steps', 'weight_decay', 'grad_clip', 'ce_chunk', 'seed')
+             'train_tokens', 'lr', 'norm_eps', 'log_every', 'ckpt_every', 'eval_batches', 'min_freq')
+_NONNEGATIVE = ('norm_penalty', 'control_norm_penalty', 'max_train_lines', 'min_lr_ratio', 'warmup_steps', 'weight_decay',
+                'grad_clip', 'ce_chunk', 'seed', 'stride', 'dropout')
+# key: (low, high, low_open, high_open) -- the sensible range of a number (Reliability II #7)
+_RANGES = dict(mlp_ratio=(0.25, 64, False, False), min_lr_ratio=(0, 1, False, False), norm_eps=(0, 1e-2, True, False),
+               lr=(1e-7, 10, False, False), dropout=(0, 1, False, True), max_seq_len=(1, 65536, False, False),
+               seed=(0, 2**32 - 1, False, False), beta1=(0, 1, True, True), beta2=(0, 1, True, True))
+MAX_POSITION_ELEMENTS = 2**28  # max_seq_len * d_model: a 1 GiB float32 position table
+CORPUS_NAME = re.compile(r'[A-Za-z0-9._-]+')
 
 def _check_keys(kw):
     valid = {f.name for f in fields(ExperimentConfig)}
     bad = sorted(set(kw) - valid)
     if bad: raise ConfigError(f"Unknown setting(s) {bad}. Valid settings: {', '.join(sorted(valid))}.")
 
-def validate(cfg: ExperimentConfig):
-    "Raise `ConfigError` naming the key and the fix for any unusable value of `cfg`."
+def parse_seeds(text: str, name: str = 'custom') -> list:
+    "Seeds written as '42, 101, 202' (commas and/or spaces, optional brackets) -> distinct non-negative ints < 2**32."
+    parts = [p for p in re.split(r'[,\s]+', text.strip().strip('[]()')) if p]
+    bad = [p for p in parts if not re.fullmatch(r'\d+', p) or int(p) >= 2**32]
+    if bad or not parts:
+        raise ConfigError(f"{name}: `seeds` = {text!r}: write distinct non-negative integers below 2**32, e.g. '42, 101, 202' (bad: {bad}).")
+    seeds = [int(p) for p in parts]
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{name}: `seeds` = {text!r} repeats a seed; each run would be counted twice. Give distinct seeds.")
+    return seeds
+
+def _check_types(cfg):
     for f in fields(cfg):
         v = getattr(cfg, f.name)
         typ = {'int': int, 'float': (int, float), 'bool': bool, 'str': str}[f.type]
-        if not isinstance(v, typ) or (f.type == 'int' and isinstance(v, bool)):
+        if not isinstance(v, typ) or (f.type in ('int', 'float') and isinstance(v, bool)):
             raise ConfigError(f"{cfg.name}: `{f.name}` must be of type {f.type}, got {v!r}.")
         if f.type == 'float' and not math.isfinite(v): raise ConfigError(f"{cfg.name}: `{f.name}` must be finite, got {v!r}.")
-    for k, choices in _CHOICES.items():
-        if getattr(cfg, k) not in choices:
-            raise ConfigError(f"{cfg.name}: `{k}` = {getattr(cfg, k)!r} is not valid; choose one of {', '.join(choices)}.")
+
+def _check_ranges(cfg):
     for k in _POSITIVE:
         if getattr(cfg, k) <= 0: raise ConfigError(f"{cfg.name}: `{k}` must be > 0, got {getattr(cfg, k)!r}.")
     for k in _NONNEGATIVE:
         if getattr(cfg, k) < 0: raise ConfigError(f"{cfg.name}: `{k}` must be >= 0, got {getattr(cfg, k)!r}.")
+    for k, (lo, hi, lo_open, hi_open) in _RANGES.items():
+        v = getattr(cfg, k)
+        if (v <= lo if lo_open else v < lo) or (v >= hi if hi_open else v > hi):
+            rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+            raise ConfigError(f"{cfg.name}: `{k}` = {v!r} is outside its sensible range {rng}; pick a value in it.")
+
+def validate(cfg: ExperimentConfig):
+    "Raise `ConfigError` naming the key and the fix for any unusable value of `cfg`."
+    _check_types(cfg)
+    for k, choices in _CHOICES.items():
+        if getattr(cfg, k) not in choices:
+            raise ConfigError(f"{cfg.name}: `{k}` = {getattr(cfg, k)!r} is not valid; choose one of {', '.join(choices)}.")
+    if not CORPUS_NAME.fullmatch(cfg.corpus):
+        raise ConfigError(f"{cfg.name}: `corpus` = {cfg.corpus!r}: use a name of letters, digits, '.', '_' or '-' (e.g. {CORPORA[0]}).")
+    _check_ranges(cfg)
+    if int(cfg.mlp_ratio * cfg.d_model) < 1:
+        raise ConfigError(f"{cfg.name}: `mlp_ratio` * `d_model` = {cfg.mlp_ratio * cfg.d_model:g} gives no MLP hidden unit; raise mlp_ratio.")
+    if cfg.max_seq_len * cfg.d_model > MAX_POSITION_ELEMENTS:
+        raise ConfigError(f"{cfg.name}: `max_seq_len` * `d_model` = {cfg.max_seq_len * cfg.d_model:,} exceeds {MAX_POSITION_ELEMENTS:,} "
+                          "(a 1 GiB position table); lower max_seq_len.")
     if cfg.d_model % cfg.n_heads: raise ConfigError(f"{cfg.name}: `d_model` ({cfg.d_model}) must be divisible by `n_heads` ({cfg.n_heads}).")
     if cfg.seq_len > cfg.max_seq_len:
         raise ConfigError(f"{cfg.name}: `seq_len` ({cfg.seq_len}) is above the model's context `max_seq_len` ({cfg.max_seq_len}); lower seq_len or raise max_seq_len.")
-    if cfg.vocab_size < 260: raise ConfigError(f"{cfg.name}: `vocab_size` must be at least 260 (256 bytes + special tokens), got {cfg.vocab_size}.")
-    if not 0 < cfg.beta1 < 1 or not 0 < cfg.beta2 < 1: raise ConfigError(f"{cfg.name}: `beta1` and `beta2` must lie in (0, 1).")
+    if cfg.stride > cfg.seq_len:
+        raise ConfigError(f"{cfg.name}: `stride` ({cfg.stride}) must be <= `seq_len` ({cfg.seq_len}) so no token is skipped; lower it (0 = random windows).")
+    min_vocab = 260 if cfg.tokenizer == 'bpe' else 5
+    if cfg.vocab_size < min_vocab:
+        raise ConfigError(f"{cfg.name}: `vocab_size` must be at least {min_vocab} for the {cfg.tokenizer} tokenizer (bytes/specials), got {cfg.vocab_size}.")
+    if cfg.seeds.strip(): parse_seeds(cfg.seeds, cfg.name)
     if cfg.steps < 1:
         raise ConfigError(f"{cfg.name}: `train_tokens` ({cfg.train_tokens}) buys no step of batch_size*seq_len = {cfg.batch_size*cfg.seq_len} tokens; raise it.")
 
