@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """GPU check of the paper presets (one GPU, synthetic tokens, no network): `bash benchmarks/gpu_check.sh`.
 
-For each of paper-44m and paper-129m, at the preset's own shapes (batch 32 x 1024 tokens, vocabulary 32768,
-bf16 autocast, `torch.compile` of the shared stack, fused AdamW, chunked readout CE):
+For each of paper-44m, paper-129m, paper-exact-44m and paper-exact-129m, at the preset's own shapes (paper-*: batch
+32 x 1024 tokens, vocabulary 32768; paper-exact-*: batch 64/32 x 256 tokens, vocabulary 20000; bf16 autocast, `torch.compile` of the shared stack, fused AdamW, chunked readout CE):
 
 1. **trainer** — `train()` itself, on synthetic token data, for a few steps: its logged tokens/s and MFU, the
    peak GPU memory, and every host synchronisation CUDA's sync-debug mode reports, by source line (a line
@@ -190,9 +190,9 @@ def markdown(res: dict) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--out', default=None, help='results folder (default benchmarks/results; benchmarks/_out/gpu-dry with --dry-run)')
-    ap.add_argument('--presets', nargs='+', default=['paper-44m', 'paper-129m'])
+    ap.add_argument('--presets', nargs='+', default=['paper-44m', 'paper-129m', 'paper-exact-44m', 'paper-exact-129m'])
     ap.add_argument('--trainer-steps', type=int, default=20)
-    ap.add_argument('--budget-s', type=float, default=420, help='stop starting new parts after this many seconds')
+    ap.add_argument('--budget-s', type=float, default=480, help='stop starting new parts after this many seconds')
     ap.add_argument('--dry-run', action='store_true', help='CPU, smoke-sized shapes, eager compile: checks the code paths')
     a = ap.parse_args()
     t0 = time.time()

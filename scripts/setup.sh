@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Idempotent set-up for looped-lm: a virtual environment in .venv with torch and the project (editable, with the dev
+# tools), and the results/ folder papermill writes into. Fast when everything is already there.
+#   bash scripts/setup.sh
+# Environment:
+#   PYTHON       the interpreter that creates .venv (default: python3; Python >= 3.10)
+#   TORCH_SPEC   what pip installs for torch when .venv has none (default: torch==2.13.0). On a machine without a GPU,
+#                point pip at PyTorch's CPU wheel index first (PIP_INDEX_URL / PIP_EXTRA_INDEX_URL) to avoid a
+#                multi-GB CUDA build; on a GPU machine the default from PyPI is the CUDA build you want.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+stamp=.venv/.looped-lm-installed
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -c 'import sys; assert sys.version_info >= (3, 10), "looped-lm needs Python >= 3.10"'
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+if ! python -c 'import torch' 2>/dev/null; then
+  python -m pip install -q --upgrade pip
+  # torch first: any other package that asks for torch could otherwise pull a large CUDA build.
+  python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+fi
+# The project itself: again only when pyproject.toml changed since the last install.
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! python -c 'import looped_lm, papermill, nbdev' 2>/dev/null; then
+  python -m pip install -q -e ".[dev]"
+  touch "$stamp"
+fi
+mkdir -p results
+echo "looped-lm: environment ready in .venv ($(python -c 'import torch; print("torch", torch.__version__)'))"
