@@ -31,19 +31,20 @@ def test_nan_in_a_hidden_state(tmp_path, smoke_data, monkeypatch):
     assert [r['step'] for r in read_metrics(rd)] == [5]
     # a failed run is not trained again: the same verdict, at once, and nothing changes
     monkeypatch.undo()
-    before = {p.name: p.stat().st_mtime_ns for p in rd.rglob('*')}
+    files = lambda: {p.name: p.stat().st_mtime_ns for p in rd.rglob('*') if p.name != '.lock'}  # the lock is no result
+    before = files()
     t = time.time()
     with pytest.raises(TrainingError) as again: train(cfg, rd, data=smoke_data, progress=False)
     assert str(again.value) == msg and time.time() - t < 2
-    assert {p.name: p.stat().st_mtime_ns for p in rd.rglob('*')} == before
+    assert files() == before
 
 
 def test_absurd_learning_rate(tmp_path, smoke_data):
-    """lr = 1e6 (no monkeypatching): within a few steps the update overflows. The guard also watches the gradient
+    """lr = 10 from the first step (the largest lr a preset accepts; no monkeypatching): within a few steps the update overflows. The guard also watches the gradient
     norm, so the weights that update produces are never checkpointed: the checkpoint of the step before stays, finite."""
-    rd = tmp_path/'lr1e6'
-    with pytest.raises(TrainingError, match=r'Run lr1e6 .*lr=1000000.0.*diverged: non-finite values in (the gradient norm|the loss|the hidden state of loop \d)'):
-        train(load_preset('smoke', lr=1e6, ckpt_every=1), rd, data=smoke_data, progress=False)
+    rd = tmp_path/'lr10'
+    with pytest.raises(TrainingError, match=r'Run lr10 .*lr=10(\.0)?,.*diverged: non-finite values in (the gradient norm|the loss|the hidden state of loop \d)'):
+        train(load_preset('smoke', lr=10, warmup_steps=1, ckpt_every=1), rd, data=smoke_data, progress=False)
     st = run_status(rd)
     assert st['state'] == 'failed' and f"at step {st['step']}." in st['message'] and st['step'] < 10
     assert latest_checkpoint(rd).name == f"ckpt-{st['step'] - 1:06d}" and _finite(rd)
