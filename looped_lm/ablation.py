@@ -266,13 +266,15 @@ def _lock(folder):
     if lock is None: print('note: looped_lm.data.dir_lock is missing; publishing without the out_dir lock'); return contextlib.nullcontext()
     return lock(folder, what='study')
 
-def study_throughput(st: Study, device: str):
+def study_throughput(st: Study, device: str, data):
     "Tokens/s per exit depth, measured once per study (cached in `study_dir/throughput.json`); None with a note if unavailable."
     f = getattr(looped_lm.diagnostics, 'exit_throughput', None)
     if f is None: print('note: looped_lm.diagnostics.exit_throughput is missing; no throughput table'); return None
     p, key = st.study_dir/'throughput.json', dict(config=st.cfg.to_dict(), device=device)
-    if p.exists() and (old := json.loads(p.read_text())).get('key') == key: return old['exits']
-    exits = f(st.cfg, device=device)
+    try: old = json.loads(p.read_text()) if p.exists() else {}
+    except ValueError: old = {}  # a damaged cache is measured again
+    if old.get('key') == key: return old['exits']
+    exits = f(st.cfg, data.validation, batch_size=st.cfg.batch_size, seq_len=st.cfg.seq_len, device=device)
     write_atomic(p, json.dumps(dict(key=key, exits=exits), indent=1))
     return exits
 
@@ -299,7 +301,7 @@ def run_ablation(preset='cpu', variants=None, seeds=None, out_dir=None, device='
     st.study_dir.mkdir(parents=True, exist_ok=True)
     with _lock(st.out_dir):
         records = collect(st.out_dir, st.variants, st.seeds)
-        publish(records, st, study_throughput(st, dev), figures)
+        publish(records, st, study_throughput(st, dev, data), figures)
     return records
 
 # %% ../nbs/05_ablation.ipynb #ac961a76

@@ -249,7 +249,7 @@ def test_unwritable_output_folder(tmp_path, smoke_data):
     for where in (blocker/'run', Path('/proc/looped-lm-test/run')):
         with pytest.raises(RunDirError, match=f'Cannot write to the run directory {where} .*Choose a writable'):
             train(load_preset('smoke'), where, data=smoke_data, progress=False)
-    with pytest.raises(ConfigError, match=f'out_dir {blocker}/results is not writable .*pass a writable out_dir'):
+    with pytest.raises(ConfigError, match=f'out_dir {blocker}/results: {blocker} is a file, not a folder. Pass a folder path'):
         run_ablation('smoke', out_dir=blocker/'results')
 
 
