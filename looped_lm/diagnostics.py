@@ -12,14 +12,14 @@ from .data import eval_batches, write_atomic
 from .protocol import LoopSpec, as_spec, run_loops, CLAMPS
 
 # %% auto #0
-__all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'POLICIES', 'GRANULARITIES', 'token_ce', 'eval_exits',
-           'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'norm_distribution', 'float64_spec',
-           'predicted_radial', 'radial_fractions', 'angular_updates', 'angle_scaling', 'clamp_modes',
+__all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'POLICIES', 'GRANULARITIES', 'EVAL_TOKENS', 'token_ce',
+           'eval_exits', 'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'norm_distribution',
+           'float64_spec', 'predicted_radial', 'radial_fractions', 'angular_updates', 'angle_scaling', 'clamp_modes',
            'scale_sensitivity', 'lemma2', 'halting_scores', 'halting_policy', 'loop_scores', 'exit_outcome',
            'calibrate_threshold', 'adaptive_halting', 'halting_speed', 'DiagnosticReport', 'diagnose', 'diagnose_run']
 
 # %% ../nbs/04_diagnostics.ipynb #9cf06f4c
-DIAG_VERSION = 2  # bump whenever a diagnostic changes: cached reports of another version are recomputed
+DIAG_VERSION = 3  # bump whenever a diagnostic changes: cached reports of another version are recomputed
 
 def _batches(tokens, batch_size, seq_len, max_batches=None, device='cpu'):
     "Consecutive non-overlapping windows of `tokens` (all of them when `max_batches` is None), as a generator."
@@ -467,7 +467,7 @@ def _check_args(splits: dict, batch_size, seq_len, spec):
 
 def diagnose(model, data, batch_size: int = 8, seq_len: int = 64, K: int = None, max_batches: int = None, device='cpu',
              loss: str = 'perloop', norm_penalty: float = 0.0, ce_chunk: int = 0, few_batches: int = 4,
-             lemma_loops: int = 30, halting_target: float = 1.01) -> DiagnosticReport:
+             lemma_loops: int = 30, halting_target: float = 1.01, subset_batches: int = 20) -> DiagnosticReport:
     "Every diagnostic of a `LoopedLM` or `LoopSpec` on token ids (`TokenData`, {split: ids} or one array = validation)."
     import dataclasses
     from looped_lm import protocol
@@ -477,18 +477,19 @@ def diagnose(model, data, batch_size: int = 8, seq_len: int = 64, K: int = None,
     _check_args(splits, batch_size, seq_len, spec)
     kw = dict(batch_size=batch_size, seq_len=seq_len, device=device)
     val, few = splits['validation'], min(few_batches, max_batches or few_batches)
+    sub = max_batches or subset_batches  # norms, clamp modes and halting: the first `sub` validation batches (exits: whole splits)
     x, _ = next(iter(_batches(val, min(batch_size, 2), seq_len, 1, device)))
     check = protocol.check_spec(spec, x) if hasattr(protocol, 'check_spec') else {}  # raises LoopSpecError on a broken spec
     check = {k: v for k, v in check.items() if isinstance(v, (int, float, str, bool, type(None)))}
-    ce, scores = loop_scores(spec, val, max_batches=max_batches, ce_chunk=ce_chunk, **kw)
+    ce, scores = loop_scores(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw)
     return DiagnosticReport(
         version=DIAG_VERSION, name=spec.name, state=spec.state, K=spec.K, spec_check=check,
         exits={s: eval_exits(spec, t, max_batches=max_batches, ce_chunk=ce_chunk, n_bytes=units[s][0], n_words=units[s][1], **kw)
                for s, t in splits.items()},
-        norms=norm_distribution(token_norms(spec, val, max_batches=max_batches, **kw)),
+        norms=norm_distribution(token_norms(spec, val, max_batches=sub, **kw)),
         radial=radial_fractions(model if K is None else spec, val, max_batches=few, loss=loss, norm_penalty=norm_penalty, ce_chunk=ce_chunk, **kw),
         angular=angular_updates(model if K is None else spec, val, max_batches=few, **kw),
-        clamp=clamp_modes(spec, val, max_batches=max_batches, ce_chunk=ce_chunk, **kw),
+        clamp=clamp_modes(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw),
         scale=scale_sensitivity(spec, val, max_batches=few, ce_chunk=ce_chunk, **kw),
         lemma2=lemma2(spec, val, lemma_loops, max_batches=few, **kw),
         halting=adaptive_halting(ce, scores, halting_target))
@@ -513,6 +514,8 @@ def _checkpoint_id(ckpt) -> str | None:
         for b in iter(lambda: f.read(1 << 24), b''): h.update(b)
     return f'{Path(ckpt).name}:{h.hexdigest()[:16]}'
 
+EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least the run's own batch)
+
 def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, variant_clamp: bool = False, clamp: bool = None,
                  **kw) -> DiagnosticReport:
     "Cached `diagnose` of a run's newest checkpoint (`diagnostics.json`, keyed by checkpoint, `DIAG_VERSION`, batches); `variant_clamp`/`clamp`: ignored, the clamp table is always there."
@@ -523,7 +526,8 @@ def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, variant_c
     p = run_dir/'diagnostics.json'
     if (rep := _cached(p, key)) is not None: return rep
     cfg, model = load_run(run_dir, device)
-    rep = diagnose(model, data, cfg.batch_size, cfg.seq_len, max_batches=max_batches, device=device, loss=cfg.loss,
+    bs = max(cfg.batch_size, EVAL_TOKENS // cfg.seq_len)  # same windows as the training batch size, far fewer Python round trips
+    rep = diagnose(model, data, bs, cfg.seq_len, max_batches=max_batches, device=device, loss=cfg.loss,
                    norm_penalty=cfg.norm_penalty, ce_chunk=cfg.ce_chunk, **kw)
     rep.update(key)
     write_atomic(p, json.dumps(rep))
