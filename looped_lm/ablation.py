@@ -4,26 +4,25 @@
 
 # %% ../nbs/05_ablation.ipynb #b8aa09d1
 from __future__ import annotations
-import contextlib, hashlib, inspect, json, math, numbers, os, queue, sys, time
+import contextlib, hashlib, json, math, numbers, os, queue, sys, time
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, pandas as pd, yaml
 import torch
-import looped_lm.data, looped_lm.diagnostics
 from .config import ExperimentConfig, ConfigError, load_preset, settings_path
-from .data import prepare_data, write_atomic
+from .data import prepare_data, write_atomic, dir_lock, sweep_stale_tmp
 from .train import train, TrainingError, run_status, read_metrics, resolve_device
-from .diagnostics import diagnose_run
+from .diagnostics import diagnose_run, exit_throughput, DIAG_VERSION
 
 # %% auto #0
 __all__ = ['VARIANTS', 'GROUPS', 'RENAMED', 'FORMS', 'TABLES', 'CLAIMS', 'Variant', 'repo_root', 'as_list', 'check_seeds',
            'check_variants', 'Study', 'study_key', 'default_workers', 'check_params', 'run_dir_of', 'collect',
-           'study_throughput', 'read_throughput', 'run_ablation', 'MissingDiagnostic', 'dig', 'table1', 'table2',
+           'read_throughput', 'study_throughput', 'run_ablation', 'MissingDiagnostic', 'dig', 'table1', 'table2',
            'throughput_table', 'table4', 'table_scale', 'table_lemma2', 'table_halting', 'table_token_norms',
-           'table_endpoint', 'endpoint_correlations', 'display_frame', 'to_markdown', 'to_latex', 'build_tables',
-           'write_tables', 'measures', 'claims', 'claims_markdown', 'publish']
+           'endpoint', 'table_endpoint', 'endpoint_correlations', 'table_endpoint_corr', 'display_frame', 'to_markdown',
+           'to_latex', 'build_tables', 'write_tables', 'measures', 'claims', 'claims_markdown', 'publish']
 
 # %% ../nbs/05_ablation.ipynb #ddace06d
 @dataclass(frozen=True)
@@ -161,10 +160,10 @@ def check_params(preset='cpu', variants=None, seeds=None, out_dir=None, device='
     if device not in ('auto', 'cpu', 'cuda'): raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}.")
     if device != 'auto': cfg = cfg.replace(device=device)
     dev = resolve_device(cfg)  # GPU-only options without a GPU are refused here, with the override that fixes them
-    names, seeds = check_variants(variants), check_seeds(seeds, getattr(cfg, 'seed_list', [cfg.seed]))
+    names, seeds = check_variants(variants), check_seeds(seeds, cfg.seed_list)
     default_out = out_dir in (None, '')
     out = repo_root()/'results'/preset if default_out else Path(out_dir)
-    main = names == list(VARIANTS) and seeds == list(getattr(cfg, 'seed_list', [cfg.seed]))
+    main = names == list(VARIANTS) and seeds == cfg.seed_list
     study_dir = out if main else out/f'study-{study_key(names, seeds)}'
     fig = Path(fig_dir) if fig_dir else (repo_root()/'figures'/preset if main and default_out else study_dir/'figures')
     _check_folder(out, 'out_dir'); _check_folder(fig, 'fig_dir')
@@ -180,11 +179,6 @@ def run_dir_of(out_dir, variant: str, seed: int) -> Path:
     "The run directory of (variant, seed): shared by every study that writes into `out_dir`."
     return Path(out_dir)/'runs'/f"{variant}-seed{seed}"
 
-def _train(cfg, rd, data, progress, label):
-    "`train`, passing `label` where the trainer takes it."
-    kw = dict(label=label) if 'label' in inspect.signature(train).parameters else {}
-    return train(cfg, rd, data=data, progress=progress, **kw)
-
 _DATA = {}   # a worker's token data, loaded once from the parent's cache
 
 def _run_one(job: dict) -> str:
@@ -195,7 +189,7 @@ def _run_one(job: dict) -> str:
     if data is None: data = _DATA[job['cfg'].name] = prepare_data(job['cfg'], data_dir=job['data_dir'], verbose=False)
     print(f"{head}: started", flush=True)
     try:
-        _train(job['cfg'], job['run_dir'], data, job['progress'], label)
+        train(job['cfg'], job['run_dir'], data=data, progress=job['progress'], label=label)
         diagnose_run(job['run_dir'], data, device=job['device'], max_batches=job['max_eval_batches'])
         print(f"{head}: done in {time.time() - t0:.0f}s", flush=True); return 'done'
     except TrainingError as e:
@@ -254,34 +248,27 @@ def collect(out_dir, variants, seeds) -> list:
             rd = run_dir_of(out_dir, v, s); st = run_status(rd)
             rec = dict(variant=v, seed=s, run_dir=str(rd), status=st.get('state', 'missing'), message=st.get('message', ''))
             if rec['status'] == 'done':
-                diag = read_json(rd/'diagnostics.json')
-                if diag is None: rec.update(status='undiagnosed', message=f'{rd} has no diagnostics.json: rerun the study.')
+                diag = read_json(rd/'diagnostics.json') or {}
+                if diag.get('version') != DIAG_VERSION:   # missing, or written by other diagnostics: never read as a result
+                    rec.update(status='undiagnosed', message=f"{rd} has no diagnostics.json of version {DIAG_VERSION}: rerun the study.")
                 else: rec.update(diag=diag, radial_train=_train_radial(rd))
             records.append(rec)
     return records
 
-def _lock(folder):
-    "The `out_dir` lock of looped_lm.data (a no-op, with a note, in a tree that does not have it yet)."
-    lock = getattr(looped_lm.data, 'dir_lock', None)
-    if lock is None: print('note: looped_lm.data.dir_lock is missing; publishing without the out_dir lock'); return contextlib.nullcontext()
-    return lock(folder, what='study')
-
-def study_throughput(st: Study, device: str, data):
-    "Tokens/s per exit depth, measured once per study (cached in `study_dir/throughput.json`); None with a note if unavailable."
-    f = getattr(looped_lm.diagnostics, 'exit_throughput', None)
-    if f is None: print('note: looped_lm.diagnostics.exit_throughput is missing; no throughput table'); return None
-    p, key = st.study_dir/'throughput.json', dict(config=st.cfg.to_dict(), device=device)
-    try: old = json.loads(p.read_text()) if p.exists() else {}
-    except ValueError: old = {}  # a damaged cache is measured again
-    if old.get('key') == key: return old['exits']
-    exits = f(st.cfg, data.validation, batch_size=st.cfg.batch_size, seq_len=st.cfg.seq_len, device=device)
-    write_atomic(p, json.dumps(dict(key=key, exits=exits), indent=1))
-    return exits
-
-def read_throughput(study_dir):
-    "The study-wide throughput per exit (None when it was not measured)."
+def read_throughput(study_dir, key: dict = None) -> list | None:
+    "The study-wide throughput per exit in `study_dir/throughput.json` (measured for `key`, if given); None when absent or damaged."
     p = Path(study_dir)/'throughput.json'
-    return json.loads(p.read_text())['exits'] if p.exists() else None
+    try: t = json.loads(p.read_text())
+    except (OSError, ValueError): return None     # never measured, or a damaged file: measured again
+    return t.get('exits') if isinstance(t, dict) and (key is None or t.get('key') == key) else None
+
+def study_throughput(st: Study, device: str, data) -> list:
+    "Tokens/s per exit depth, measured once per study on validation windows (cached in `study_dir/throughput.json`)."
+    key = dict(config=st.cfg.to_dict(), device=device)
+    if (exits := read_throughput(st.study_dir, key)) is not None: return exits
+    exits = exit_throughput(st.cfg, data.validation, batch_size=st.cfg.batch_size, seq_len=st.cfg.seq_len, device=device)
+    write_atomic(st.study_dir/'throughput.json', json.dumps(dict(key=key, exits=exits), indent=1))
+    return exits
 
 # %% ../nbs/05_ablation.ipynb #0c9ad5cb
 def run_ablation(preset='cpu', variants=None, seeds=None, out_dir=None, device='auto', data_dir=None, workers=None,
@@ -299,7 +286,7 @@ def run_ablation(preset='cpu', variants=None, seeds=None, out_dir=None, device='
         for j in jobs: _run_one(j)
     else: _run_parallel(jobs, st.workers, dev)
     st.study_dir.mkdir(parents=True, exist_ok=True)
-    with _lock(st.out_dir):
+    with dir_lock(st.out_dir, what='study'):
         records = collect(st.out_dir, st.variants, st.seeds)
         publish(records, st, study_throughput(st, dev, data), figures)
     return records
@@ -407,28 +394,31 @@ def table_token_norms(records) -> pd.DataFrame:
         return {c: n.get(c) for c in ('mean', 'median', 'p99', 'max', 'sd', 'min', 'hill', 'tail_ratio')}
     return _table(records, f)
 
-def _endpoint(r) -> dict:
+def endpoint(r) -> dict:
+    "One run's point of the endpoint picture: validation CE gap ln PPL@1 - ln PPL@K, log10 ||H_K||, log10 final readout radial fraction."
     K = _K(r)
-    return {'CE gap (ln PPL@1 - ln PPL@K)': math.log(_exit(r, 'validation', 1)['ppl']) - math.log(_exit(r, 'validation', K)['ppl']),
-            'log10 ‖H_K‖': math.log10(dig(r, 'diag', 'norms', -1, 'mean')),
-            'log10 radial': math.log10(max(dig(r, 'diag', 'radial', -1, 'readout'), 1e-300))}
+    return dict(gap=math.log(_exit(r, 'validation', 1)['ppl']) - math.log(_exit(r, 'validation', K)['ppl']),
+                log10_norm=math.log10(dig(r, 'diag', 'norms', -1, 'mean')),
+                log10_radial=math.log10(max(dig(r, 'diag', 'radial', -1, 'readout'), 1e-300)))
+
+_ENDPOINT_COLUMNS = dict(gap='CE gap (ln PPL@1 - ln PPL@K)', log10_norm='log10 ‖H_K‖', log10_radial='log10 radial')
 
 def table_endpoint(records) -> pd.DataFrame:
     "The endpoint picture: per variant, the CE gap from exit 1 to K against log ||H_K|| and log radial fraction."
-    return _table(records, _endpoint)
+    return _table(records, lambda r: {_ENDPOINT_COLUMNS[k]: v for k, v in endpoint(r).items()})
 
-def _rank(x): return pd.Series(x).rank().to_numpy()
+def endpoint_correlations(points: list) -> dict:
+    "Pearson and Spearman correlation of log10 radial fraction with log10 ||H_K|| over `points` (`endpoint` dicts, one per run)."
+    if len(points) < 3: return dict(runs=len(points), pearson=float('nan'), spearman=float('nan'))
+    x, y = pd.Series([p['log10_radial'] for p in points]), pd.Series([p['log10_norm'] for p in points])
+    return dict(runs=len(points), pearson=float(x.corr(y)), spearman=float(x.rank().corr(y.rank())))
 
-def endpoint_correlations(records) -> pd.DataFrame:
-    "Pearson and Spearman correlation of log10 radial fraction with log10 ||H_K||, across every finished run."
-    pts = np.array([[e['log10 ‖H_K‖'], e['log10 radial']] for e in (_endpoint(r) for r in records if r['status'] == 'done')])
-    if len(pts) < 3: return pd.DataFrame([{'runs': len(pts), 'pearson': float('nan'), 'spearman': float('nan')}]).set_index('runs')
-    corr = lambda a, b: float(np.corrcoef(a, b)[0, 1])
-    return pd.DataFrame([{'runs': len(pts), 'pearson': corr(pts[:, 0], pts[:, 1]),
-                          'spearman': corr(_rank(pts[:, 0]), _rank(pts[:, 1]))}]).set_index('runs')
+def table_endpoint_corr(records) -> pd.DataFrame:
+    "`endpoint_correlations` across every finished run of the study, as a one-row table."
+    return pd.DataFrame([endpoint_correlations([endpoint(r) for r in records if r['status'] == 'done'])]).set_index('runs')
 
 TABLES = dict(table1=table1, table2=table2, table4_clamp=table4, scale=table_scale, lemma2=table_lemma2,
-              halting=table_halting, token_norms=table_token_norms, endpoint=table_endpoint, endpoint_corr=endpoint_correlations)
+              halting=table_halting, token_norms=table_token_norms, endpoint=table_endpoint, endpoint_corr=table_endpoint_corr)
 
 # %% ../nbs/05_ablation.ipynb #cdd85c40
 def _fmt(v):
@@ -601,8 +591,7 @@ def claims_markdown(cl: dict) -> str:
 
 def publish(records, st: Study, throughput=None, figures: bool = True):
     "records.json, the tables, claims.json/claims.md into `study_dir` and the figures into `fig_dir` (call under the out_dir lock)."
-    sweep = getattr(looped_lm.data, 'sweep_stale_tmp', None)
-    if sweep: sweep(st.study_dir)
+    sweep_stale_tmp(st.study_dir)
     write_atomic(st.study_dir/'records.json', json.dumps([{k: v for k, v in r.items() if k != 'diag'} for r in records], indent=1))
     write_atomic(st.study_dir/'study.json', json.dumps(dict(preset=st.preset, variants=st.variants, seeds=st.seeds), indent=1))
     write_tables(records, st.study_dir, throughput)
@@ -611,6 +600,4 @@ def publish(records, st: Study, throughput=None, figures: bool = True):
     write_atomic(st.study_dir/'claims.md', claims_markdown(cl))
     if figures and any(r['status'] == 'done' for r in records):
         from looped_lm.figures import make_figures
-        if 'variants' in inspect.signature(make_figures).parameters:    # figures found by run folder, this study's only
-            make_figures(st.out_dir, st.fig_dir, variants=st.variants, seeds=st.seeds)
-        else: make_figures(st.study_dir, st.fig_dir)                      # (an older figures module reads records.json)
+        make_figures(st.out_dir, st.fig_dir, variants=st.variants, seeds=st.seeds)

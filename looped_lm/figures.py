@@ -5,24 +5,26 @@
 # %% ../nbs/06_figures.ipynb #ee6cb7b7
 from __future__ import annotations
 import io, json, math, os, re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import matplotlib
 import matplotlib.pyplot as plt
 import seaborn as sns
 import torch
+from .config import ExperimentConfig
 from .data import write_atomic
 from .lemmas import radial_fraction
 from .model import LoopedLMConfig, forward_flops_per_token
+from .train import read_metrics
+from .ablation import VARIANTS, check_variants, check_seeds, collect, read_throughput, endpoint, endpoint_correlations
 
 # %% auto #0
-__all__ = ['RERUN', 'RUN_FILES', 'STYLE', 'METADATA', 'POLICY_MARKERS', 'CLAMP_STYLE', 'LEMMA2', 'FIGURES', 'ResultsError',
-           'read_results_json', 'study_variants', 'variant_order', 'palette', 'find_runs', 'Results', 'load_results',
-           'figure_bytes', 'check_fig_dir', 'save', 'Skip', 'exit_split', 'exit_flops', 'float32_floor',
-           'endpoint_points', 'endpoint_correlations', 'fig_drift', 'fig_norm_tail', 'fig_ppl_vs_exit',
-           'halting_points', 'fig_frontier', 'throughput_table', 'fig_radial', 'fig_scale', 'fig_clamp_modes',
-           'fig_lemma2', 'fig_endpoint', 'FigureSet', 'make_figures']
+__all__ = ['RERUN', 'STYLE', 'METADATA', 'POLICY_MARKERS', 'CLAMP_STYLE', 'LEMMA2', 'FIGURES', 'ResultsError',
+           'read_results_json', 'variant_order', 'palette', 'found_runs', 'Results', 'load_results', 'figure_bytes',
+           'check_fig_dir', 'save', 'Skip', 'exit_flops', 'float32_floor', 'endpoint_points', 'fig_drift',
+           'fig_norm_tail', 'fig_ppl_vs_exit', 'halting_points', 'fig_frontier', 'throughput_table', 'fig_radial',
+           'fig_scale', 'fig_clamp_modes', 'fig_lemma2', 'fig_endpoint', 'FigureSet', 'make_figures']
 
 # %% ../nbs/06_figures.ipynb #ec5b1246
 class ResultsError(RuntimeError):
@@ -37,56 +39,33 @@ def read_results_json(path: Path):
         raise ResultsError(f"{path} is damaged ({type(e).__name__}: {e}). Delete that file and {RERUN}.") from None
 
 # %% ../nbs/06_figures.ipynb #4c839c7d
-def study_variants() -> dict:
-    "The ablation's variants in its own order (official group first), `{}` if that module cannot be imported."
-    try: from looped_lm.ablation import VARIANTS   # imported late: the ablation module may import this one
-    except (ImportError, AttributeError): return {}
-    return dict(VARIANTS)
-
 def variant_order(names) -> list:
-    "`names` in the ablation's order; names it does not know (runs of an older study) come last, sorted."
-    order = list(study_variants())
-    return sorted(names, key=lambda n: (order.index(n), '') if n in order else (len(order), n))
+    "`names` in the ablation's order (the official group first)."
+    return sorted(names, key=list(VARIANTS).index)
 
 def palette(names) -> dict:
     "One colour per variant, fixed by its place in the ablation's list, so it is the same in every figure and subset."
-    order = list(study_variants())
-    cols = sns.color_palette('tab10' if len(order) <= 10 else 'tab20', max(len(order), 1))
-    return {n: cols[order.index(n)] if n in order else (0.5, 0.5, 0.5) for n in names}
+    cols = sns.color_palette('tab10' if len(VARIANTS) <= 10 else 'tab20', len(VARIANTS))
+    return {n: cols[list(VARIANTS).index(n)] for n in names}
 
 # %% ../nbs/06_figures.ipynb #00cf9a8a
 _SEEDED = re.compile(r'^(?P<name>.+)-seed(?P<seed>\d+)$')
-RUN_FILES = ('config.json', 'metrics.jsonl', 'diagnostics.json')
 
-def find_runs(out_dir) -> dict:
-    "{(trained name, seed): run dir} for every `<name>-seed<N>/` (or `<name>/seed<N>/`) folder under `out_dir` holding a run file."
-    runs = {}
-    for p in sorted(q for f in RUN_FILES for q in Path(out_dir).rglob(f)):
-        rd = p.parent
-        m = _SEEDED.match(rd.name) or (re.fullmatch(r'seed(?P<seed>\d+)', rd.name) and dict(name=rd.parent.name, seed=rd.name[4:]))
-        if m: runs.setdefault((m['name'], int(m['seed'])), rd)
-    return runs
-
-def _diagnostics_file(run_dir: Path, variant) -> Path | None:
-    "The cached report of `variant` in `run_dir`: an evaluation-only variant (e.g. the scale clamp) has its own file."
-    clamp = variant is not None and (getattr(variant, 'clamp', False) or getattr(variant, 'variant_clamp', False))
-    names = ['diagnostics-clamp.json', f'diagnostics-{variant.name}.json'] if clamp else ['diagnostics.json']
-    return next((run_dir/n for n in names if (run_dir/n).exists()), None)
-
-def _throughput(out_dir: Path):
-    "The study's exit throughput, `[{k, tokens_per_s, spread, flops_per_token}]`, or None where the study has not measured it."
-    p = next(iter(sorted(out_dir.glob('throughput*.json'))), None)
-    if p is None: return None
-    t = read_results_json(p)
-    if isinstance(t, dict): t = next((t[k] for k in ('exits', 'throughput', 'rows') if isinstance(t.get(k), list)), None)
-    return t if isinstance(t, list) and all(isinstance(r, dict) and 'k' in r for r in t) else None
+def found_runs(out_dir) -> tuple:
+    "({(variant, seed)} of the ablation's run folders `out_dir/runs/<variant>-seed<N>/`, [folders of no known variant])."
+    runs, other = set(), []
+    for rd in sorted((Path(out_dir)/'runs').glob('*-seed*')):
+        m = _SEEDED.match(rd.name)
+        if m and m['name'] in VARIANTS: runs.add((m['name'], int(m['seed'])))
+        elif rd.is_dir(): other.append(rd.name)
+    return runs, other
 
 # %% ../nbs/06_figures.ipynb #fa714abc
 @dataclass
 class Results:
     "A study read back from its folder: per variant (the ablation's order) one record per seed, the study's throughput, notes."
     out_dir: Path
-    runs: dict                                   # variant -> [dict(seed, run_dir, diag, metrics, config, trained)]
+    runs: dict                                   # variant -> [dict(seed, run_dir, diag, metrics, config)]
     throughput: list | None = None
     notes: list = field(default_factory=list)
 
@@ -95,42 +74,24 @@ class Results:
         ok = lambda d: key in d and d[key] is not None and (kind is None or isinstance(d[key], kind))
         return {v: rs for v, rs in self.runs.items() if all(ok(r['diag']) for r in rs)}
 
-    def trained(self) -> dict:
-        "The variants that trained their own run (evaluation-only variants share another's training curve)."
-        return {v: rs for v, rs in self.runs.items() if all(r['trained'] for r in rs)}
-
-def _as_list(x, what: str) -> list | None:
-    if x is None or x == 'all': return None
-    if isinstance(x, (str, int)): return [x]
-    if isinstance(x, (list, tuple)) and x: return list(x)
-    raise ResultsError(f"{what} must be None, a name/number or a non-empty list, got {x!r}.")
-
 def load_results(out_dir, variants=None, seeds=None) -> Results:
-    "Read every finished run of the study in `out_dir` (optionally only `variants` and `seeds`), without retraining anything."
+    "The finished, diagnosed runs of `out_dir` (default: every run folder there), read through the ablation's `collect`."
     out_dir = Path(out_dir)
     if not out_dir.is_dir(): raise ResultsError(f"{out_dir} is not a results folder; run nbs/05_ablation.ipynb into it first.")
-    from looped_lm.train import read_metrics
-    want_v, want_s, known = _as_list(variants, 'variants'), _as_list(seeds, 'seeds'), study_variants()
-    runs, notes = {}, []
-    for (name, seed), rd in find_runs(out_dir).items():
-        if want_s is not None and seed not in want_s: continue
-        for v in [v for v in known.values() if (getattr(v, 'trains_as', None) or v.name) == name] or [None]:
-            vname = v.name if v is not None else name
-            if want_v is not None and vname not in want_v: continue
-            state = read_results_json(rd/'status.json').get('state') if (rd/'status.json').exists() else None
-            diag = _diagnostics_file(rd, v)
-            if state not in (None, 'done') or diag is None:
-                notes.append(f"{vname} seed {seed}: left out ({'status ' + state if state not in (None, 'done') else 'no diagnostics yet'}; {RERUN})."); continue
-            runs.setdefault(vname, []).append(dict(
-                seed=seed, run_dir=rd, diag=read_results_json(diag), metrics=read_metrics(rd, 'train'),
-                config=read_results_json(rd/'config.json') if (rd/'config.json').exists() else {},
-                trained=v is None or not getattr(v, 'trains_as', None)))
-    missing = [v for v in (want_v or []) if v not in runs]
-    unknown = [v for v in missing if v not in known]
-    if unknown: raise ResultsError(f"Unknown variant(s) {unknown}: the study in {out_dir} has {variant_order(runs) or 'no finished runs'}"
-                                   f"{' and the ablation knows ' + ', '.join(known) if known else ''}.")
-    notes += [f"{v}: no finished run in {out_dir}." for v in missing]
-    return Results(out_dir, {v: sorted(runs[v], key=lambda r: r['seed']) for v in variant_order(runs)}, _throughput(out_dir), notes)
+    found, other = found_runs(out_dir)
+    names = check_variants(variants) if variants is not None else variant_order({v for v, _ in found})
+    want = check_seeds(seeds, []) if seeds is not None else sorted({s for _, s in found})
+    notes = [f"run folders of no known variant left out: {', '.join(other)}."] if other else []
+    runs = {}
+    for r in collect(out_dir, names, want) if names and want else []:
+        if r['status'] != 'done':
+            if (r['variant'], r['seed']) in found: notes.append(f"{r['variant']} seed {r['seed']}: left out ({r['status']}; {RERUN}).")
+            continue
+        rd = Path(r['run_dir'])
+        runs.setdefault(r['variant'], []).append(dict(seed=r['seed'], run_dir=rd, diag=r['diag'], metrics=read_metrics(rd, 'train'),
+                                                      config=read_results_json(rd/'config.json')))
+    notes += [f"{v}: no finished run in {out_dir}." for v in names if v not in runs]
+    return Results(out_dir, runs, read_throughput(out_dir), notes)
 
 # %% ../nbs/06_figures.ipynb #2a824943
 STYLE = dict(context='paper', style='whitegrid', font_scale=1.1)
@@ -183,22 +144,14 @@ def _need(found: dict, what: str) -> dict:
     if not found: raise Skip(f"no variant has {what}")
     return found
 
-def exit_split(diag) -> str:
-    "The paper reports validation perplexity; older reports only have test."
-    return 'validation' if diag['exits'].get('validation') else 'test'
-
-def _exits(seeds) -> list: return [s['diag']['exits'][exit_split(s['diag'])] for s in seeds]
+def _exits(seeds) -> list: return [s['diag']['exits']['validation'] for s in seeds]   # validation, as the paper reports
 
 # %% ../nbs/06_figures.ipynb #9b9ffabb
-def exit_flops(run: dict, throughput=None) -> list | None:
-    "Forward FLOPs per token at exits k = 1..K of a run: exact, from its config (else the study's throughput file)."
-    c = run['config']
-    if c.get('K'):
-        mc = LoopedLMConfig(**{f.name: c[f.name] for f in fields(LoopedLMConfig) if f.name in c})
-        return [forward_flops_per_token(mc, c.get('seq_len', mc.max_seq_len), k) for k in range(1, mc.K + 1)]
-    if throughput and all(r.get('flops_per_token') for r in throughput):
-        return [r['flops_per_token'] for r in sorted(throughput, key=lambda r: r['k'])]
-    return None
+def exit_flops(run: dict) -> list:
+    "Forward FLOPs per token at exits k = 1..K of a run, exact, from its own config."
+    cfg = ExperimentConfig(**run['config'])
+    mc = LoopedLMConfig.from_experiment(cfg)
+    return [forward_flops_per_token(mc, cfg.seq_len, k) for k in range(1, mc.K + 1)]
 
 def float32_floor(d: int, n: int = 512, seed: int = 0) -> float:
     "The radial fraction that float32 rounding alone reports for a gradient exactly tangential to h (width `d`), 2 digits."
@@ -208,29 +161,14 @@ def float32_floor(d: int, n: int = 512, seed: int = 0) -> float:
     return float(f"{radial_fraction(v.float(), h.float()).item():.2g}")
 
 def endpoint_points(res: Results) -> list:
-    "Per (variant, seed): CE gap ln PPL@1 - ln PPL@K, log10 of the mean final-loop norm ||H_K||, log10 of its readout radial fraction."
-    pts = []
-    for v, seeds in res.having('exits', dict).items():
-        for s in seeds:
-            ex, d = s['diag']['exits'][exit_split(s['diag'])], s['diag']
-            if not d.get('norms'): continue
-            rad = d['radial'][-1]['readout'] if d.get('radial') else None
-            pts.append(dict(variant=v, seed=s['seed'], gap=ex[0]['ce'] - ex[-1]['ce'], log10_norm=math.log10(d['norms'][-1]['mean']),
-                            log10_radial=math.log10(rad) if rad and rad > 0 else None))
-    return pts
-
-def endpoint_correlations(pts: list) -> dict:
-    "Pearson and Spearman correlation of log10 radial fraction with log10 ||H_K|| across variants and seeds."
-    import pandas as pd
-    p = [q for q in pts if q['log10_radial'] is not None]
-    if len(p) < 3: return dict(n=len(p), pearson=float('nan'), spearman=float('nan'))
-    x, y = pd.Series([q['log10_radial'] for q in p]), pd.Series([q['log10_norm'] for q in p])
-    return dict(n=len(p), pearson=float(x.corr(y)), spearman=float(x.rank().corr(y.rank())))
+    "Per (variant, seed) the ablation's `endpoint`: CE gap ln PPL@1 - ln PPL@K, log10 ||H_K||, log10 readout radial fraction."
+    ok = set(res.having('exits', dict)) & set(res.having('norms', list)) & set(res.having('radial', list))
+    return [dict(variant=v, seed=s['seed'], **endpoint(s)) for v, seeds in res.runs.items() if v in ok for s in seeds]
 
 # %% ../nbs/06_figures.ipynb #9adec1ae
 def fig_drift(res: Results):
     "Mean per-token norm ||H_k|| against the training step, one panel per loop (log scale)."
-    runs = _need({v: rs for v, rs in res.trained().items() if all(r['metrics'] and 'norm' in r['metrics'][0] for r in rs)}, 'training metrics')
+    runs = _need({v: rs for v, rs in res.runs.items() if all(r['metrics'] and 'norm' in r['metrics'][0] for r in rs)}, 'training metrics')
     pal, K = palette(runs), max(len(rs[0]['metrics'][0]['norm']) for rs in runs.values())
     fig, axs = plt.subplots(1, K, figsize=(3.2*K, 3.2), sharey=True, squeeze=False); axs = axs[0]
     for v, seeds in runs.items():
@@ -266,8 +204,7 @@ def fig_ppl_vs_exit(res: Results):
     for v, seeds in runs.items():
         ex = _exits(seeds)
         _band(ax, [e['k'] for e in ex[0]], [[e['ppl'] for e in s] for s in ex], pal[v], v, marker='o')
-    split = exit_split(next(iter(runs.values()))[0]['diag'])
-    ax.set_yscale('log'); ax.set_xlabel('exit depth k'); ax.set_ylabel(f'{split} perplexity (log)')
+    ax.set_yscale('log'); ax.set_xlabel('exit depth k'); ax.set_ylabel('validation perplexity (log)')
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     _legend(ax); ax.set_title('Perplexity vs exit depth')
     return fig
@@ -287,11 +224,11 @@ def halting_points(seeds, flops) -> list:
 
 def fig_frontier(res: Results):
     "Perplexity against forward compute per token at each exit (labels: k), with the calibrated halting points."
-    runs = _need({v: rs for v, rs in res.having('exits', dict).items() if exit_flops(rs[0], res.throughput)}, 'per-exit perplexities and a config')
+    runs = _need(res.having('exits', dict), 'per-exit perplexities')
     pal = palette(runs)
     fig, ax = plt.subplots(figsize=(5.8, 3.8))
     for v, seeds in runs.items():
-        flops = exit_flops(seeds[0], res.throughput)
+        flops = exit_flops(seeds[0])
         ex = _exits(seeds); n = min(len(flops), *(len(e) for e in ex))
         ppl = np.mean([[e['ppl'] for e in s[:n]] for s in ex], 0)
         ax.plot(flops[:n], ppl, '-o', color=pal[v], label=v, ms=4)
@@ -302,7 +239,7 @@ def fig_frontier(res: Results):
     handles = [matplotlib.lines.Line2D([], [], ls='', marker=m, color='k', mfc='none', label=f'halting: {p}') for p, m in POLICY_MARKERS.items()]
     ax.legend(handles=ax.get_legend_handles_labels()[0] + handles, fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1))
     ax.set_xscale('log'); ax.set_yscale('log')
-    ax.set_xlabel('forward FLOPs per token (exit k)'); ax.set_ylabel(f'{exit_split(next(iter(runs.values()))[0]["diag"])} perplexity (log)')
+    ax.set_xlabel('forward FLOPs per token (exit k)'); ax.set_ylabel('validation perplexity (log)')
     ax.set_title('Perplexity–compute frontier (labels: exit k; filled = sequence, hollow = token halting)', fontsize=8)
     return fig
 
@@ -406,7 +343,7 @@ def fig_endpoint(res: Results, gap_threshold: float = 1.0, log_norm_threshold: f
         ax.text(x, y, text, transform=ax.transAxes, fontsize=7, color='dimgray', ha='left' if x < 0.5 else 'right', va='top' if y > 0.5 else 'bottom')
     c = endpoint_correlations(pts)
     ax.set_xlabel(r'CE gap $\ln PPL_1 - \ln PPL_K$ (symlog)'); ax.set_ylabel(r'$\log_{10} \|H_K\|$')
-    ax.set_title(f"Endpoint picture (log radial vs log norm: Pearson {c['pearson']:.2f}, Spearman {c['spearman']:.2f}, n={c['n']})", fontsize=8)
+    ax.set_title(f"Endpoint picture (log radial vs log norm: Pearson {c['pearson']:.2f}, Spearman {c['spearman']:.2f}, n={c['runs']})", fontsize=8)
     _legend(ax)
     return fig
 
@@ -422,9 +359,9 @@ class FigureSet(list):
 
 def make_figures(out_dir, fig_dir=None, variants=None, seeds=None, show: bool = False, verbose: bool = True) -> FigureSet:
     "Draw every figure that the results in `out_dir` allow into `fig_dir` (default `out_dir/figures`); say what was skipped and why."
+    fig_dir = check_fig_dir(fig_dir if fig_dir is not None else Path(out_dir)/'figures')   # refused before any reading
     res = load_results(out_dir, variants, seeds)
     if not res.runs: raise ResultsError(f"No finished runs in {out_dir}{' (' + '; '.join(res.notes) + ')' if res.notes else ''}; run nbs/05_ablation.ipynb first.")
-    fig_dir = check_fig_dir(fig_dir if fig_dir is not None else Path(out_dir)/'figures')
     if verbose: print(''.join(f'note: {n}\n' for n in res.notes), end='')
     drawn, skipped = {}, {}
     with sns.axes_style(STYLE['style']), sns.plotting_context(STYLE['context'], font_scale=STYLE['font_scale']):
