@@ -4,12 +4,12 @@
 
 # %% ../nbs/04_diagnostics.ipynb #25e17e10
 from __future__ import annotations
-import copy, json, math, statistics, time, warnings, weakref
+import copy, dataclasses, json, math, statistics, time, warnings, weakref
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 from .lemmas import radial_fraction, angle_between, radial_tangential
-from .data import eval_batches, write_atomic
-from .protocol import LoopSpec, as_spec, run_loops, CLAMPS
+from .data import eval_batches, write_atomic, bits_per_byte, word_perplexity, file_content_sha
+from .protocol import LoopSpec, as_spec, run_loops, check_spec, token_windows, CLAMPS
 
 # %% auto #0
 __all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'POLICIES', 'GRANULARITIES', 'EVAL_TOKENS', 'token_ce',
@@ -22,13 +22,12 @@ __all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'POLICIES', 'GRANU
 DIAG_VERSION = 3  # bump whenever a diagnostic changes: cached reports of another version are recomputed
 
 def _batches(tokens, batch_size, seq_len, max_batches=None, device='cpu'):
-    "Consecutive non-overlapping windows of `tokens` (all of them when `max_batches` is None), as a generator."
-    if isinstance(tokens, torch.Tensor): tokens = tokens.detach().cpu().numpy()
-    return eval_batches(np.asarray(tokens), batch_size, seq_len, max_batches, device=device)
+    "Consecutive non-overlapping windows of `tokens` (all of them when `max_batches` is None): the protocol's `token_windows`."
+    return token_windows(tokens, seq_len, batch_size, max_batches, device)
 
 def _module(obj):
     "The `nn.Module` behind a model or a spec (None for a spec made of plain callables)."
-    return obj if isinstance(obj, nn.Module) else getattr(obj, 'model', None) or getattr(obj, 'module', None)
+    return obj if isinstance(obj, nn.Module) else getattr(obj, 'module', None)
 
 def _looped_config(obj):
     "The `LoopedLMConfig` of a `LoopedLM` (or of the model behind its spec), else None."
@@ -61,10 +60,6 @@ def token_ce(spec, h, ctx, k, y, chunk: int = 0, scores: bool = False):
     return (ce, sc) if scores else ce
 
 # %% ../nbs/04_diagnostics.ipynb #5862c7e3
-def _per_unit(ce: float, n_tokens: int, n_units) -> float | None:
-    "Nats per byte (or word) of a split whose `n_tokens` tokens encode `n_units` bytes (words); None when unknown."
-    return None if not n_units else ce * n_tokens / n_units
-
 @torch.no_grad()
 def eval_exits(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0,
                n_bytes=None, n_words=None) -> list:
@@ -78,9 +73,9 @@ def eval_exits(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device=
     res = []
     for k in range(1, spec.K + 1):
         ce = float(tot[k-1]/n)
-        nb, nw = _per_unit(ce, len(tokens), n_bytes), _per_unit(ce, len(tokens), n_words)
-        res.append(dict(k=k, ce=float(ce), ppl=math.exp(ce), bpb=None if nb is None else nb/math.log(2),
-                        word_ppl=None if nw is None else math.exp(nw), tokens=n))
+        split_ce = ce*len(tokens)   # the mean CE per token, over the split's bytes (words) per token
+        res.append(dict(k=k, ce=float(ce), ppl=math.exp(ce), bpb=bits_per_byte(split_ce, n_bytes) if n_bytes else None,
+                        word_ppl=word_perplexity(split_ce, n_words) if n_words else None, tokens=n))
     return res
 
 # %% ../nbs/04_diagnostics.ipynb #0a09640a
@@ -151,10 +146,10 @@ def norm_distribution(norms: np.ndarray, bins: int = 40) -> list:
     return res
 
 # %% ../nbs/04_diagnostics.ipynb #c5a860d8
-def float64_spec(obj) -> tuple:
-    "(spec, dtype): a float64 copy of a model's spec (the model is deep-copied); a spec of plain callables as it is."
-    if isinstance(obj, nn.Module): return as_spec(copy.deepcopy(obj).double()), torch.float64
-    return as_spec(obj), None
+def float64_spec(obj, K: int = None) -> tuple:
+    "(spec, dtype): a float64 copy of a model's spec (the model is deep-copied; a spec of plain callables as it is), run for `K` loops if given."
+    spec, dt = (as_spec(copy.deepcopy(obj).double()), torch.float64) if isinstance(obj, nn.Module) else (as_spec(obj), None)
+    return (spec if K is None else dataclasses.replace(spec, K=K)), dt
 
 def _readout_norm(obj, k: int):
     "('rmsnorm' | 'layernorm', eps) when a `LoopedLM`'s readout at loop `k` normalizes its input, else None."
@@ -171,11 +166,11 @@ def predicted_radial(h: torch.Tensor, norm: str, eps: float) -> float:
     return (eps/m).mean().item()
 
 def radial_fractions(model, tokens, batch_size=8, seq_len=64, max_batches=4, device='cpu',
-                     loss: str = 'perloop', norm_penalty: float = 0.0, ce_chunk: int = 0) -> list:
+                     loss: str = 'perloop', norm_penalty: float = 0.0, ce_chunk: int = 0, K: int = None) -> list:
     "Per loop: radial fraction of the readout's own CE gradient and of the training objective's, in float64, beside the lemma's prediction."
     if loss not in ('perloop', 'terminal'): raise ValueError(f"loss must be 'perloop' or 'terminal', got {loss!r}.")
     from looped_lm.train import norm_penalty as penalty
-    spec, dt = float64_spec(model)
+    spec, dt = float64_spec(model, K)
     K, acc, pred, n = spec.K, np.zeros((spec.K, 2)), [[] for _ in range(spec.K)], 0
     with torch.enable_grad():
         for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
@@ -198,9 +193,9 @@ def _b_perp(prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(radial_tangential((h - prev).double(), prev.double())[1], dim=-1)
 
 @torch.no_grad()
-def angular_updates(model, tokens, batch_size=8, seq_len=64, max_batches=4, device='cpu') -> list:
+def angular_updates(model, tokens, batch_size=8, seq_len=64, max_batches=4, device='cpu', K: int = None) -> list:
     "Per transition k-1 -> k: mean angle, mean s_{k-1} = ||H_{k-1}||, mean per-token angle*s, mean ||b_perp|| and their ratio (float64, every token)."
-    spec, _ = float64_spec(model)
+    spec, _ = float64_spec(model, K)
     rows = {k: [] for k in range(2, spec.K + 1)}
     for x, _ in _batches(tokens, batch_size, seq_len, max_batches, device):
         hid = [h.double() for h in run_loops(spec, x, spec.K)[0]]
@@ -359,12 +354,12 @@ def _dynamic_ce(spec, x, y, rule, ce_chunk=0):
     tot, loops = 0.0, 0
     for k in range(1, spec.K + 1):
         h = spec.step(h, ctx, k)
-        done = torch.ones(len(h), dtype=torch.bool, device=h.device)
-        if k < spec.K:
-            done = torch.cat([rule(lg, k) for _, lg in _pieces(spec, h, ctx, k, ce_chunk)])
-        if done.any():
-            tot += token_ce(spec, h[done], _slice_ctx(ctx, done), k, y[done], ce_chunk).double().sum().item()
-            loops += k*int(done.sum())
+        done, ce = [], []
+        for rows, lg in _pieces(spec, h, ctx, k, ce_chunk):   # one readout a loop: the exit rule and the CE read the same logits
+            done.append(rule(lg, k) if k < spec.K else torch.ones(len(lg), dtype=torch.bool, device=lg.device))
+            ce.append(F.cross_entropy(lg.float().flatten(0, -2), y[rows].flatten(), reduction='none').view(y[rows].shape).sum(-1))
+        done, ce = torch.cat(done), torch.cat(ce)
+        tot += ce[done].double().sum().item(); loops += k*int(done.sum())
         keep = ~done
         if not keep.any(): break
         h, ctx, y = h[keep], _slice_ctx(ctx, keep), y[keep]
@@ -469,8 +464,6 @@ def diagnose(model, data, batch_size: int = 8, seq_len: int = 64, K: int = None,
              loss: str = 'perloop', norm_penalty: float = 0.0, ce_chunk: int = 0, few_batches: int = 4,
              lemma_loops: int = 30, halting_target: float = 1.01, subset_batches: int = 20) -> DiagnosticReport:
     "Every diagnostic of a `LoopedLM` or `LoopSpec` on token ids (`TokenData`, {split: ids} or one array = validation)."
-    import dataclasses
-    from looped_lm import protocol
     spec = as_spec(model)
     if K is not None: spec = dataclasses.replace(spec, K=K)
     splits, units = _splits(data)
@@ -479,7 +472,7 @@ def diagnose(model, data, batch_size: int = 8, seq_len: int = 64, K: int = None,
     val, few = splits['validation'], min(few_batches, max_batches or few_batches)
     sub = max_batches or subset_batches  # norms, clamp modes and halting: the first `sub` validation batches (exits: whole splits)
     x, _ = next(iter(_batches(val, min(batch_size, 2), seq_len, 1, device)))
-    check = protocol.check_spec(spec, x) if hasattr(protocol, 'check_spec') else {}  # raises LoopSpecError on a broken spec
+    check = check_spec(spec, x)  # raises LoopSpecError on a broken spec
     check = {k: v for k, v in check.items() if isinstance(v, (int, float, str, bool, type(None)))}
     ce, scores = loop_scores(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw)
     return DiagnosticReport(
@@ -487,8 +480,8 @@ def diagnose(model, data, batch_size: int = 8, seq_len: int = 64, K: int = None,
         exits={s: eval_exits(spec, t, max_batches=max_batches, ce_chunk=ce_chunk, n_bytes=units[s][0], n_words=units[s][1], **kw)
                for s, t in splits.items()},
         norms=norm_distribution(token_norms(spec, val, max_batches=sub, **kw)),
-        radial=radial_fractions(model if K is None else spec, val, max_batches=few, loss=loss, norm_penalty=norm_penalty, ce_chunk=ce_chunk, **kw),
-        angular=angular_updates(model if K is None else spec, val, max_batches=few, **kw),
+        radial=radial_fractions(model, val, max_batches=few, loss=loss, norm_penalty=norm_penalty, ce_chunk=ce_chunk, K=K, **kw),
+        angular=angular_updates(model, val, max_batches=few, K=K, **kw),
         clamp=clamp_modes(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw),
         scale=scale_sensitivity(spec, val, max_batches=few, ce_chunk=ce_chunk, **kw),
         lemma2=lemma2(spec, val, lemma_loops, max_batches=few, **kw),
@@ -508,17 +501,12 @@ def _cached(p: Path, key: dict):
 def _checkpoint_id(ckpt) -> str | None:
     "The checkpoint's folder name and a hash of its weights: a retrained run with the same step count is a new checkpoint."
     if ckpt is None: return None
-    import hashlib
-    h = hashlib.sha256()
-    with open(Path(ckpt)/'model.safetensors', 'rb') as f:
-        for b in iter(lambda: f.read(1 << 24), b''): h.update(b)
-    return f'{Path(ckpt).name}:{h.hexdigest()[:16]}'
+    return f"{Path(ckpt).name}:{file_content_sha(Path(ckpt)/'model.safetensors')[:16]}"  # hashed once per file version
 
 EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least the run's own batch)
 
-def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, variant_clamp: bool = False, clamp: bool = None,
-                 **kw) -> DiagnosticReport:
-    "Cached `diagnose` of a run's newest checkpoint (`diagnostics.json`, keyed by checkpoint, `DIAG_VERSION`, batches); `variant_clamp`/`clamp`: ignored, the clamp table is always there."
+def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> DiagnosticReport:
+    "Cached `diagnose` of a run's newest checkpoint (`diagnostics.json`, keyed by checkpoint, `DIAG_VERSION`, batches)."
     from looped_lm.train import load_run, latest_checkpoint
     run_dir = Path(run_dir)
     ckpt = latest_checkpoint(run_dir)

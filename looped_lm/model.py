@@ -13,8 +13,8 @@ from .config import ExperimentConfig, ConfigError, READOUTS, RECURRENCES, MLPS, 
 
 # %% auto #0
 __all__ = ['MODEL_CARD', 'LoopedLMConfig', 'make_norm', 'LayerCache', 'CausalSelfAttention', 'MLP', 'Block', 'linear_ce',
-           'LoopedOutput', 'unit_rms', 'clamp_to', 'LoopedLM', 'num_params', 'forward_flops_per_token',
-           'train_flops_per_token', 'saved_tensor_bytes', 'final_loop_row']
+           'LoopedOutput', 'unit_rms', 'LoopedLM', 'num_params', 'forward_flops_per_token', 'train_flops_per_token',
+           'saved_tensor_bytes', 'final_loop_row']
 
 # %% ../nbs/01_model.ipynb #0c479aa1
 @dataclass(frozen=True)
@@ -178,10 +178,6 @@ def unit_rms(h: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     "Each token's state divided by its RMS: the parameter-free inter-loop normalization."
     return h * torch.rsqrt(_wide(h).pow(2).mean(-1, keepdim=True) + eps).to(h.dtype)
 
-def clamp_to(h: torch.Tensor, ref_norm: torch.Tensor) -> torch.Tensor:
-    "Rescale each token of `h` to the per-token norm `ref_norm` (shape (..., 1)), keeping its direction."
-    return h * (ref_norm / _wide(h).norm(dim=-1, keepdim=True).clamp_min(1e-30)).to(h.dtype)
-
 # %% ../nbs/01_model.ipynb #ac82d31a
 MODEL_CARD = """---
 {{ card_data }}
@@ -254,11 +250,9 @@ class LoopedLM(nn.Module, PyTorchModelHubMixin, model_card_template=MODEL_CARD, 
         "Logits of hidden state `h` read out at loop `k` (only `final_norm` depends on `k`)."
         return self.head(self.readout_input(h, k))
 
-    def feed(self, h, h1_norm=None):
-        "What loop k+1 receives from H_k: H_k itself, its unit-RMS version (`internorm`), or the clamped state."
-        if self.config.recurrence == 'internorm': h = unit_rms(h)
-        if h1_norm is not None: h = clamp_to(h, h1_norm)
-        return h
+    def feed(self, h):
+        "What loop k+1 receives from H_k: H_k itself, or its unit-RMS version (`internorm`)."
+        return unit_rms(h) if self.config.recurrence == 'internorm' else h
 
     def _check_exit(self, exit_k):
         k_max = self.config.K if exit_k is None else exit_k
@@ -266,17 +260,16 @@ class LoopedLM(nn.Module, PyTorchModelHubMixin, model_card_template=MODEL_CARD, 
             raise ValueError(f"exit_k must be an integer in 1..{self.config.K}, got {exit_k!r}.")
         return k_max
 
-    def forward(self, idx, targets=None, exit_k: int = None, clamp: bool = False, loss_loops: str = 'all',
+    def forward(self, idx, targets=None, exit_k: int = None, loss_loops: str = 'all',
                 ce_chunk: int = 0, return_logits: bool = None) -> LoopedOutput:
-        "Run `exit_k` (default K) loops. `loss_loops`: 'all' (CE of every loop) or 'last'. `clamp`: eval-time scale clamp."
+        "Run `exit_k` (default K) loops. `loss_loops`: 'all' (CE of every loop) or 'last'. (Clamps: `protocol.run_loops`.)"
         k_max = self._check_exit(exit_k)
         if loss_loops not in ('all', 'last'): raise ValueError(f"loss_loops must be 'all' or 'last', got {loss_loops!r}.")
-        h, hidden, h1_norm = self.embed(idx), [], None
+        h, hidden = self.embed(idx), []
         for k in range(1, k_max+1):
-            if k > 1: h = self.feed(h, h1_norm)
+            if k > 1: h = self.feed(h)
             h = self.loop(h)
             hidden.append(h)
-            if clamp and k == 1: h1_norm = _wide(h).norm(dim=-1, keepdim=True).detach()
         losses = None
         if targets is not None:
             ks = range(1, k_max+1) if loss_loops == 'all' else [k_max]
@@ -389,9 +382,9 @@ def _sample(logits, temperature: float, generator):
 
 @torch.no_grad()
 def _generate(self, idx, max_new_tokens: int, exit_k: int = None, temperature: float = 0.0, generator=None,
-              halting=None, use_cache: bool = True, kv_cache: bool = None, return_exits: bool = False):
-    "Extend `idx` (B, T) by `max_new_tokens` tokens read out at loop `exit_k` (or where `halting` says); `kv_cache` = `use_cache`."
-    k_max, use_cache = self._check_exit(exit_k), use_cache if kv_cache is None else kv_cache
+              halting=None, use_cache: bool = True, return_exits: bool = False):
+    "Extend `idx` (B, T) by `max_new_tokens` tokens read out at loop `exit_k` (or where `halting` says), with per-loop KV caches (`use_cache`)."
+    k_max = self._check_exit(exit_k)
     if idx.ndim != 2 or idx.dtype != torch.long or idx.shape[1] == 0: raise ValueError(f"idx must be a non-empty (B, T) int64 tensor, got {idx.dtype} {tuple(idx.shape)}.")
     if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0): raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}.")
     if temperature < 0: raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}.")

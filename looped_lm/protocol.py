@@ -9,6 +9,8 @@ from typing import Callable
 import numpy as np
 import torch, torch.nn as nn, torch.nn.functional as F
 from .model import LoopedLM
+from .lemmas import radial_tangential
+from .data import eval_batches
 
 # %% auto #0
 __all__ = ['CLAMPS', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'as_spec', 'clamp_state', 'run_loops', 'token_windows',
@@ -73,9 +75,8 @@ def clamp_state(h: torch.Tensor, mode: str, prev: torch.Tensor = None, rms1: tor
     if mode not in CLAMPS: raise LoopSpecError(f"Unknown clamp {mode!r}; choose one of {', '.join(CLAMPS)}.")
     if mode == 'none' or prev is None: return h   # loop 1 is never clamped
     if mode == 'freeze_loop1': return h * (rms1 / _rms64(h).clamp_min(1e-300)).to(h.dtype)
-    u = prev.double() / _rms64(prev).clamp_min(1e-300)          # remove_radial
-    a = (u * (h.double() - prev.double())).mean(-1, keepdim=True)
-    return h - (a * u).to(h.dtype)
+    along = radial_tangential((h - prev).double(), prev.double())[0]   # remove_radial: the update's part along prev
+    return h - along.to(h.dtype)
 
 def _as_tokens(tokens) -> torch.Tensor:
     "Token ids (tensor, numpy array or nested list) as a (B, T) int64 tensor; a 1-D sequence becomes one row."
@@ -106,17 +107,11 @@ def run_loops(spec, tokens, k: int, clamp: str = 'none', grad: bool = False) -> 
 
 # %% ../nbs/03a_protocol.ipynb #e667ca5e
 def token_windows(ids, seq_len: int, batch_size: int, max_batches: int = None, device='cpu'):
-    "Yield (x, y) batches of consecutive windows of `seq_len` tokens from the 1-D stream `ids` (y = x shifted by one)."
-    ids = torch.as_tensor(np.asarray(ids) if not isinstance(ids, torch.Tensor) else ids).reshape(-1).long()
+    "(x, y) batches of every consecutive window of `seq_len` tokens of the 1-D ids `ids` (tensor, array or list; y = x shifted by one): `data.eval_batches` on plain ids, the last batch possibly smaller."
+    ids = (ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)).reshape(-1)
     if seq_len < 1 or batch_size < 1: raise LoopSpecError(f"seq_len and batch_size must be >= 1, got {seq_len} and {batch_size}.")
-    n_win = (len(ids) - 1) // seq_len
-    n_bat = n_win // batch_size if max_batches is None else min(n_win // batch_size, max_batches)
-    if n_bat < 1: raise LoopSpecError(f"{len(ids)} tokens give {n_win} windows of {seq_len}; need at least batch_size={batch_size}. "
-                                      "Pass more tokens or a smaller seq_len/batch_size.")
-    for b in range(n_bat):
-        s = b * batch_size * seq_len
-        w = ids[s: s + batch_size*seq_len + 1]
-        yield w[:-1].view(batch_size, seq_len).to(device), w[1:].view(batch_size, seq_len).to(device)
+    if len(ids) < seq_len + 1: raise LoopSpecError(f"{len(ids)} tokens give no window of {seq_len} (+1 target); pass more tokens or a smaller seq_len.")
+    return eval_batches(ids, batch_size, seq_len, max_batches, device=device)
 
 # %% ../nbs/03a_protocol.ipynb #4dd7a512
 class _Stop(Exception): "Raised by the pre-hook to end a forward pass at the loop module's first call."
