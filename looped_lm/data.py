@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np, torch
 from tqdm import tqdm
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from .config import ExperimentConfig
+from .config import ExperimentConfig, CORPORA
 
 # %% auto #0
 __all__ = ['SPLITS', 'HUB_REPO', 'DATA_ENV', 'CACHE_ENV', 'HUB_CORPORA', 'EOT', 'LOCK_NAME', 'REGEX_PATTERN', 'REGEX_SPECIALS',
@@ -20,7 +20,7 @@ __all__ = ['SPLITS', 'HUB_REPO', 'DATA_ENV', 'CACHE_ENV', 'HUB_CORPORA', 'EOT', 
            'write_atomic', 'pid_alive', 'sweep_stale_tmp', 'LockedError', 'dir_lock', 'Encoding', 'RegexTokenizer',
            'resolve_cache_dir', 'file_content_sha', 'source_fingerprint', 'tokenizer_path', 'load_cached_split',
            'load_cached_meta', 'encode_split', 'TokenData', 'prepare_data', 'bits_per_byte', 'word_perplexity',
-           'get_batch', 'eval_batches', 'window_starts', 'window_batch']
+           'get_batch', 'eval_batches', 'window_starts', 'n_windows', 'window_batch']
 
 # %% ../nbs/02_data.ipynb #366f78b6
 SPLITS = ('train', 'validation', 'test')
@@ -53,7 +53,7 @@ def local_files(corpus: str, root) -> dict:
 
 # %% ../nbs/02_data.ipynb #9ae218ac
 _TRUE = {'1', 'ON', 'YES', 'TRUE'}
-HUB_CORPORA = ('wikitext-2-v1', 'wikitext-2-raw-v1', 'wikitext-103-v1', 'wikitext-103-raw-v1')  # configs of Salesforce/wikitext
+HUB_CORPORA = CORPORA  # the configs of Salesforce/wikitext that the Hub loader knows
 
 def hub_offline() -> bool:
     "Whether the environment, read now, puts `datasets` offline (`HF_DATASETS_OFFLINE`, else `HF_HUB_OFFLINE`)."
@@ -511,7 +511,7 @@ def _load_tokenizer(path: Path, repair: bool = True):
 def _train_tokenizer(cfg, path: Path, text, verbose):
     "Fit the recipe's tokenizer, publish it at `path` (first writer wins) and return the published one."
     rows = lambda s, lim=0: iter_rows(text()[s], lim)
-    if getattr(cfg, 'tokenizer', 'bpe') == 'regex':
+    if cfg.tokenizer == 'regex':
         if verbose: print(f"fitting a {cfg.vocab_size}-id regex tokenizer on the train + validation rows")
         RegexTokenizer.fit([rows('train', cfg.max_train_lines), rows('validation')], cfg.vocab_size, cfg.min_freq).save(path)
     else:
@@ -572,9 +572,9 @@ def prepare_data(cfg: ExperimentConfig, data_dir=None, cache_dir=None, verbose: 
         if ds is None: ds = load_corpus(cfg.corpus, root, verbose=verbose)
         return ds
     source = _current_source(cfg.corpus, root, text, cdir)
-    kind = getattr(cfg, 'tokenizer', 'bpe')
+    kind = cfg.tokenizer
     tpath = tokenizer_path(cache_dir, cfg.corpus, cfg.vocab_size, cfg.max_train_lines, source=source,
-                           tokenizer=kind, min_freq=getattr(cfg, 'min_freq', 2))
+                           tokenizer=kind, min_freq=cfg.min_freq)
     with warnings.catch_warnings():     # a complete cache needs no lock; damage is reported by the locked pass
         warnings.simplefilter('ignore')
         td = _from_cache(cfg, cdir, tpath, source, text, verbose, build=False)
@@ -631,9 +631,13 @@ def eval_batches(tokens, batch_size: int, seq_len: int, max_batches: int = None,
 # %% ../nbs/02_data.ipynb #aa9e84e8
 def window_starts(n_tokens: int, seq_len: int, stride: int) -> np.ndarray:
     "Starts 0, stride, 2*stride, ... of every window of `seq_len + 1` tokens that fits in `n_tokens` (the last at most n - seq_len - 1)."
+    return np.arange(n_windows(n_tokens, seq_len, stride), dtype=np.int64) * stride
+
+def n_windows(n_tokens: int, seq_len: int, stride: int) -> int:
+    "How many windows of `seq_len + 1` tokens start at 0, stride, 2*stride, ... within `n_tokens`."
     if stride < 1: raise ValueError(f"stride must be a positive number of tokens, not {stride}.")
-    if n_tokens < seq_len + 1: raise ValueError(f"A split of {n_tokens} tokens is too short for windows of seq_len={seq_len} (+1 target).")
-    return np.arange(0, n_tokens - seq_len, stride, dtype=np.int64)
+    _check_len(range(n_tokens), seq_len)
+    return (n_tokens - seq_len - 1) // stride + 1
 
 @functools.lru_cache(maxsize=4)
 def _epoch_order(n_windows: int, seed: int, epoch: int) -> np.ndarray:
@@ -642,11 +646,10 @@ def _epoch_order(n_windows: int, seed: int, epoch: int) -> np.ndarray:
 
 def window_batch(tokens, batch_size: int, seq_len: int, stride: int, seed: int, step: int, device='cpu'):
     "Batch number `step` (from 0) of the strided windows of `tokens`, each epoch in its own order drawn from (seed, epoch)."
-    starts = window_starts(len(tokens), seq_len, stride)
-    n = len(starts)
+    n = n_windows(len(tokens), seq_len, stride)   # start i is i*stride: no array of starts on the training step's path
     pos = np.arange(step * batch_size, (step + 1) * batch_size)  # positions in the endless stream of epochs
     ix = np.empty(batch_size, dtype=np.int64)
     for ep in np.unique(pos // n):
         sel = pos // n == ep
-        ix[sel] = starts[_epoch_order(n, seed, int(ep))[pos[sel] % n]]
+        ix[sel] = _epoch_order(n, seed, int(ep))[pos[sel] % n] * stride
     return _to_device(tokens[ix[:, None] + np.arange(seq_len + 1)], device)
