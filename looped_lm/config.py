@@ -11,7 +11,7 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['READOUTS', 'RECURRENCES', 'LOSSES', 'CORPORA', 'DTYPES', 'DEVICES', 'MLPS', 'INITS', 'SCHEDULES', 'TOKENIZERS',
            'MAX_POSITION_ELEMENTS', 'CORPUS_NAME', 'ExperimentConfig', 'ConfigError', 'parse_seeds', 'validate',
-           'settings_path', 'list_presets', 'load_preset']
+           'settings_path', 'list_presets', 'parse_values', 'load_preset']
 
 # %% ../nbs/00a_config.ipynb #b4379d22
 READOUTS = ('rmsnorm', 'layernorm', 'raw', 'final_norm')  # how H_k is read out (see 01_model)
@@ -201,7 +201,7 @@ def list_presets(path=None) -> list:
     return _parser(path).sections()
 
 # %% ../nbs/00a_config.ipynb #f208fcf4
-def _convert(name, key, raw, typ):
+def _convert(name, key, raw, typ, where='settings.ini'):
     try:
         if typ == 'bool':
             if raw.lower() in ('1', 'true', 'yes', 'on'): return True
@@ -209,16 +209,18 @@ def _convert(name, key, raw, typ):
             raise ValueError
         return {'int': int, 'float': float, 'str': str}[typ](raw)
     except ValueError:
-        raise ConfigError(f"{name}: `{key}` = {raw!r} in settings.ini is not a valid {typ}.") from None
+        raise ConfigError(f"{name}: `{key}` = {raw!r} in {where} is not a valid {typ}.") from None
+
+def parse_values(name: str, raw: dict, where: str = 'settings.ini') -> dict:
+    "Preset values given as strings (a section of settings.ini, `--set key=value` pairs) typed as `ExperimentConfig` says; unknown keys refused."
+    _check_keys(raw)
+    types = {f.name: f.type for f in fields(ExperimentConfig)}
+    return {k: _convert(name, k, v, types[k], where) for k, v in raw.items()}
 
 def load_preset(name: str = 'cpu', path=None, **overrides) -> ExperimentConfig:
     "The preset `name` from `settings.ini`, with `overrides` applied and every value checked."
     p = _parser(path)
     if name not in p.sections():
         raise ConfigError(f"Unknown preset {name!r}. Valid presets: {', '.join(p.sections())} (sections of {settings_path(path)}).")
-    types = {f.name: f.type for f in fields(ExperimentConfig)}
-    sec = dict(p[name])
-    _check_keys(sec)
     _check_keys(overrides)
-    kw = {k: _convert(name, k, v, types[k]) for k, v in sec.items()}
-    return ExperimentConfig(**{**kw, **overrides, 'name': name})
+    return ExperimentConfig(**{**parse_values(name, dict(p[name])), **overrides, 'name': name})

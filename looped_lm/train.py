@@ -6,12 +6,12 @@
 from __future__ import annotations
 import argparse, errno, json, math, os, random, shutil, sys, time, warnings
 from contextlib import nullcontext
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 import torch.distributed as dist
 from safetensors.torch import save_model, load_model
-from .config import ExperimentConfig, ConfigError, load_preset, list_presets, _convert
+from .config import ExperimentConfig, ConfigError, load_preset, list_presets, parse_values
 from .model import LoopedLM, LoopedLMConfig, train_flops_per_token
 from .lemmas import radial_fraction
 from .data import prepare_data, get_batch, eval_batches, TokenData, write_atomic, window_batch, dir_lock, sweep_stale_tmp
@@ -586,16 +586,14 @@ def finish(run: Run) -> RunResult:
 
 # %% ../nbs/03_train.ipynb #887b9294
 def parse_sets(preset: str, sets: list) -> dict:
-    "`key=value` strings -> typed overrides of `preset`, converted as `settings.ini` values are."
-    types, out = {f.name: f.type for f in fields(ExperimentConfig)}, {}
+    "`key=value` strings -> typed overrides of `preset`, converted and checked as `settings.ini` values are (`parse_values`)."
+    pairs = {}
     for s in sets or []:
         key, eq, raw = s.partition('=')
-        key = key.strip()
-        if not eq or not key: raise ConfigError(f"--set {s!r}: expected key=value, e.g. --set lr=3e-4.")
-        if key not in types or key == 'name':
-            raise ConfigError(f"--set {key}: unknown key. Valid keys: {', '.join(k for k in types if k != 'name')}.")
-        out[key] = _convert(preset, key, raw.strip(), types[key])
-    return out
+        if not eq or not key.strip(): raise ConfigError(f"--set {s!r}: expected key=value, e.g. --set lr=3e-4.")
+        if key.strip() == 'name': raise ConfigError("--set name: the preset's name is not a setting; choose the preset instead.")
+        pairs[key.strip()] = raw.strip()
+    return parse_values(preset, pairs, where='--set')
 
 def train_cli(argv: list = None):
     "`looped-lm-train PRESET RUN_DIR [--set key=value ...] [--data-dir DIR]`: train a preset, resuming an interrupted run."

@@ -169,8 +169,8 @@ def test_cli_overrides_and_data_dir_spellings(tmp_path):
     p = subprocess.run(cli('smoke', rd, '--set', 'train_tokens=2560', '--set', 'lr=2e-3', '--data-dir', os.environ['LOOPED_LM_DATA']),
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and 'done at step 10' in p.stdout, p.stderr[-2000:]  # the other spelling: the same run, done
-    for bad, says in [('lr=fast', "`lr` = 'fast' in settings.ini is not a valid float"), ('lr=100', 'outside its sensible range'),
-                      ('learning_rate=1', 'unknown key'), ('lr', 'expected key=value')]:
+    for bad, says in [('lr=fast', "`lr` = 'fast' in --set is not a valid float"), ('lr=100', 'outside its sensible range'),
+                      ('learning_rate=1', 'Unknown setting'), ('lr', 'expected key=value')]:
         p = subprocess.run(cli('smoke', tmp_path/'bad', '--set', bad), capture_output=True, text=True, timeout=120)
         assert p.returncode != 0 and says in p.stderr, (bad, p.stderr[-2000:])
     assert not (tmp_path/'bad').exists()  # refused before any folder is created
