@@ -3,7 +3,8 @@ import json
 import pytest, torch
 from looped_lm.config import load_preset
 from looped_lm.model import LoopedLM
-from looped_lm.train import train, load_run
+from looped_lm.train import train
+from safetensors.torch import load_file
 
 
 @pytest.fixture(scope='module', params=['rmsnorm', 'raw', 'final_norm'])
@@ -21,11 +22,11 @@ def _tokens(data, n=4, t=24):
 
 
 def test_from_run_is_the_trained_model(run, smoke_data):
-    cfg, ref = load_run(run)
     model = LoopedLM.from_run(run)
-    assert not model.training and model.config == ref.config
-    x = _tokens(smoke_data)
-    with torch.no_grad(): assert torch.equal(model(x).logits, ref(x).logits)
+    assert not model.training
+    written = load_file(str(run/(run/'latest').read_text().strip()/'model.safetensors'))   # what the trainer wrote
+    state = model.state_dict()
+    assert set(written) <= set(state) and all(torch.equal(state[k], v) for k, v in written.items())
     assert model.card_info['preset'] == 'smoke' and model.card_info['variant'] == run.name
     assert model.card_info['fingerprint'] == smoke_data.fingerprint
 
@@ -52,6 +53,8 @@ def test_generate_same_tokens_with_and_without_cache(run, smoke_data, exit_k):
     prompt = _tokens(smoke_data, n=3, t=8)
     a, b = (model.generate(prompt, 24, exit_k=exit_k, use_cache=uc) for uc in (True, False))
     assert torch.equal(a, b) and a.shape == (3, 32) and torch.equal(a[:, :8], prompt)
+    with torch.no_grad(): full = model(a[:, :-1], exit_k=exit_k).logits                 # an independent path: one full forward
+    assert torch.equal(full[:, 7:].argmax(-1), a[:, 8:])                                 # greedy = argmax of the full forward
     s1, s2 = (model.generate(prompt, 24, exit_k=exit_k, temperature=1.0, generator=torch.Generator().manual_seed(3), use_cache=uc)
               for uc in (True, False))
     assert torch.equal(s1, s2)
@@ -60,8 +63,13 @@ def test_generate_same_tokens_with_and_without_cache(run, smoke_data, exit_k):
 def test_generate_with_halting(run, smoke_data):
     model = LoopedLM.from_run(run)
     prompt = _tokens(smoke_data, n=4, t=8)
-    halting = lambda logits, k: torch.softmax(logits, -1).max(-1).values > 0.2   # exit once confident
+    halting = lambda logits, k: (torch.arange(len(logits)) + k) % 4 == 0   # sequence r exits at loop 4 - r (3 -> 1, 0 -> K)
     (a, ea), (b, eb) = (model.generate(prompt, 16, halting=halting, return_exits=True, use_cache=uc) for uc in (True, False))
     assert torch.equal(a, b) and torch.equal(ea, eb)
-    assert ea.min() >= 1 and ea.max() <= model.config.K
+    K, t = model.config.K, prompt.shape[1]
+    assert K == 4
+    test_exits = torch.tensor([K, 3, 2, 1])[:, None].expand_as(ea)
+    assert torch.equal(ea, test_exits), ea                                   # the first loop where the rule fires, else K
+    assert torch.equal(a[:, t:], torch.stack([model(a[:, :-1], exit_k=k).logits[:, t-1:].argmax(-1) for k in range(1, K + 1)])
+                       .gather(0, (ea - 1)[None]).squeeze(0))   # each token is the argmax of its exit loop's readout
     with pytest.raises(ValueError, match='max_seq_len=64'): model.generate(prompt, 64)
