@@ -118,13 +118,10 @@ def hill_estimator(x, top_frac: float = 0.01) -> float:
 
 HEAVY_TAIL_HILL = 4.0  # a Hill index below this is a heavy tail (the fourth moment diverges); above it the tail is light
 
-@torch.no_grad()
-def token_norms(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', clamp='none') -> np.ndarray:
-    "Per-token L2 norms ||H_k|| (float64), as an array (K, n_tokens)."
-    spec = as_spec(spec)
-    rows = [torch.stack([torch.linalg.vector_norm(h.double(), dim=-1).flatten() for h in run_loops(spec, x, spec.K, clamp)[0]])
-            for x, _ in _batches(tokens, batch_size, seq_len, max_batches, device)]
-    return torch.cat(rows, 1).cpu().numpy()
+def token_norms(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu') -> np.ndarray:
+    "Per-token L2 norms ||H_k|| (float64), as an array (K, n_tokens): those of the unclamped pass `loop_scores` makes."
+    norms = loop_scores(spec, tokens, batch_size, seq_len, max_batches, device)[2]
+    return norms.reshape(len(norms), -1)
 
 def norm_stats(n: np.ndarray) -> dict:
     "Table 10 statistics of per-token norms `n`: mean, median, p99, max, sd (ddof 0), min, plus the Hill index and its reading."
@@ -224,18 +221,24 @@ def angle_scaling(model, x, k: int = 2, alphas=(1, 10, 100, 1000, 10000)) -> lis
 
 # %% ../nbs/04_diagnostics.ipynb #99e8a54e
 @torch.no_grad()
-def clamp_modes(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0, modes=CLAMPS) -> dict:
-    "Per clamp mode and loop k: CE, perplexity, mean per-token L2 norm and RMS of H_k, and CE change / PPL ratio against no clamp."
+def clamp_modes(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0, modes=CLAMPS, plain=None) -> dict:
+    """Per clamp mode and loop k: CE, perplexity, mean per-token L2 norm and RMS of H_k, and CE change / PPL ratio against no
+    clamp. `plain`: `loop_scores` of the same windows, whose unclamped pass then gives the `none` rows without running it again."""
     spec = as_spec(spec)
-    acc = {m: np.zeros((spec.K, 3)) for m in modes}; n = 0
+    run = [m for m in modes if not (m == 'none' and plain is not None)]
+    acc = {m: np.zeros((spec.K, 3)) for m in run}; n = 0
+    if plain is not None and 'none' in modes:
+        ce, _, l2, d = plain
+        acc = {'none': np.stack([ce.sum((1, 2)), l2.sum((1, 2)), l2.sum((1, 2))/math.sqrt(d)], 1), **acc}
     for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
-        for m in modes:
+        for m in run:
             hidden, ctx = run_loops(spec, x, spec.K, clamp=m)
             for k, h in enumerate(hidden, 1):
                 l2 = torch.linalg.vector_norm(h.double(), dim=-1)
                 acc[m][k-1] += [token_ce(spec, h, ctx, k, y, ce_chunk).double().sum().item(), l2.sum().item(),
                                 (l2/math.sqrt(h.shape[-1])).sum().item()]
         n += y.numel()
+    if plain is not None: n = plain[0][0].size   # the same windows (tokens per loop)
     res = {m: [dict(k=k, ce=ce, ppl=math.exp(ce), norm_l2=l2, norm_rms=rms) for k, (ce, l2, rms) in enumerate((a/n).tolist(), 1)]
            for m, a in acc.items()}
     base = res.get('none')
@@ -299,15 +302,18 @@ def halting_policy(policy: str, threshold: float, K: int, granularity: str = 'to
 
 @torch.no_grad()
 def loop_scores(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0) -> tuple:
-    "Per-token CE (K, N, T) and halting scores {policy: (K, N, T)} of every loop's readout, for the N windows of `tokens`."
+    """One unclamped pass over the N windows of `tokens`: per-token CE (K, N, T), halting scores {policy: (K, N, T)},
+    per-token L2 norms ||H_k|| (K, N, T, float64) and the state's width d (halting, norms and the `none` clamp rows all read it)."""
     spec = as_spec(spec)
-    ces, scs = [], {p: [] for p in POLICIES}
+    ces, scs, nrm, d = [], {p: [] for p in POLICIES}, [], None
     for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
         hidden, ctx = run_loops(spec, x, spec.K)
         per = [token_ce(spec, h, ctx, k, y, ce_chunk, scores=True) for k, h in enumerate(hidden, 1)]
         ces.append(torch.stack([c for c, _ in per]).cpu())
         for p in POLICIES: scs[p].append(torch.stack([s[p] for _, s in per]).cpu())
-    return torch.cat(ces, 1).double().numpy(), {p: torch.cat(v, 1).double().numpy() for p, v in scs.items()}
+        nrm.append(torch.stack([torch.linalg.vector_norm(h.double(), dim=-1) for h in hidden]).cpu()); d = hidden[0].shape[-1]
+    return (torch.cat(ces, 1).double().numpy(), {p: torch.cat(v, 1).double().numpy() for p, v in scs.items()},
+            torch.cat(nrm, 1).numpy(), d)
 
 def _items(ce, score, granularity):
     "(CE sum, score, tokens) per item: a sequence (summed CE, mean score) or a token."
@@ -474,15 +480,16 @@ def diagnose(model, data, batch_size: int = 8, seq_len: int = 64, K: int = None,
     x, _ = next(iter(_batches(val, min(batch_size, 2), seq_len, 1, device)))
     check = check_spec(spec, x)  # raises LoopSpecError on a broken spec
     check = {k: v for k, v in check.items() if isinstance(v, (int, float, str, bool, type(None)))}
-    ce, scores = loop_scores(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw)
+    plain = loop_scores(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw)   # one unclamped pass: halting, norms, clamp 'none'
+    ce, scores, norms, _ = plain
     return DiagnosticReport(
         version=DIAG_VERSION, name=spec.name, state=spec.state, K=spec.K, spec_check=check,
         exits={s: eval_exits(spec, t, max_batches=max_batches, ce_chunk=ce_chunk, n_bytes=units[s][0], n_words=units[s][1], **kw)
                for s, t in splits.items()},
-        norms=norm_distribution(token_norms(spec, val, max_batches=sub, **kw)),
+        norms=norm_distribution(norms.reshape(len(norms), -1)),
         radial=radial_fractions(model, val, max_batches=few, loss=loss, norm_penalty=norm_penalty, ce_chunk=ce_chunk, K=K, **kw),
         angular=angular_updates(model, val, max_batches=few, K=K, **kw),
-        clamp=clamp_modes(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw),
+        clamp=clamp_modes(spec, val, max_batches=sub, ce_chunk=ce_chunk, plain=plain, **kw),
         scale=scale_sensitivity(spec, val, max_batches=few, ce_chunk=ce_chunk, **kw),
         lemma2=lemma2(spec, val, lemma_loops, max_batches=few, **kw),
         halting=adaptive_halting(ce, scores, halting_target))
