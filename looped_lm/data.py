@@ -406,7 +406,7 @@ def load_cached_meta(bin_path: Path, fingerprint: str):
         elif not {'n_bytes', 'n_words'} <= set(meta): problem = 'its sidecar lacks n_bytes / n_words'
         elif not bin_path.exists(): problem = 'the token file is missing'
         elif bin_path.stat().st_size != want: problem = f"it has {bin_path.stat().st_size} bytes where its sidecar says {want}"
-        elif _file_sha256(bin_path) != meta['sha256']: problem = 'its SHA-256 does not match its sidecar'
+        elif file_content_sha(bin_path) != meta['sha256']: problem = 'its SHA-256 does not match its sidecar'  # hashed once per file version and process
         else: return meta
     except (OSError, ValueError, KeyError, TypeError) as e: problem = f"its sidecar {meta_path.name} is missing or unreadable ({type(e).__name__})"
     warnings.warn(f"Token cache {bin_path} is incomplete or corrupt: {problem}. Rebuilding it "
