@@ -74,11 +74,13 @@ def test_bad_ablation_parameters(tmp_path):
     "The notebook's papermill parameters, checked by run_ablation before any data is read."
     out = tmp_path/'out'
     for kw, says in [(dict(variants=['perloop-rmsnorm', 'batchnorm']), r"Unknown variant\(s\) \['batchnorm'\]. Valid variants: terminal-rmsnorm"),
-                     (dict(variants='all', seeds=[-1]), 'seeds must be a non-empty list of non-negative integers'),
-                     (dict(seeds=[]), 'seeds must be'), (dict(seeds=['0']), 'seeds must be'),
+                     (dict(variants='all', seeds=[-1]), r'seeds must be non-negative integers below 2\*\*32'),
+                     (dict(seeds=[]), 'seeds must be'), (dict(seeds=['zero']), 'seeds must be'), (dict(seeds=1.5), 'seeds must be'),
+                     (dict(seeds=[0, 0]), 'repeat a seed'), (dict(variants=[]), 'selects no variant'),
                      (dict(device='tpu'), "device must be 'auto', 'cpu' or 'cuda'")]:
         with mock.patch('looped_lm.ablation.prepare_data', side_effect=AssertionError('read data before checking')):
             with pytest.raises(ConfigError, match=says): run_ablation('smoke', out_dir=out, **kw)
+    assert not out.exists()  # refused before any folder was created
 
 
 def test_papermill_refuses_a_bad_parameter(tmp_path):
