@@ -19,7 +19,7 @@ __all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'POLICIES', 'GRANU
            'calibrate_threshold', 'adaptive_halting', 'halting_speed', 'DiagnosticReport', 'diagnose', 'diagnose_run']
 
 # %% ../nbs/04_diagnostics.ipynb #9cf06f4c
-DIAG_VERSION = 3  # bump whenever a diagnostic changes: cached reports of another version are recomputed
+DIAG_VERSION = 4  # bump whenever a diagnostic changes: cached reports of another version are recomputed
 
 def _batches(tokens, batch_size, seq_len, max_batches=None, device='cpu'):
     "Consecutive non-overlapping windows of `tokens` (all of them when `max_batches` is None): the protocol's `token_windows`."
@@ -467,16 +467,17 @@ def _check_args(splits: dict, batch_size, seq_len, spec):
         if len(t) < 2*seq_len + 1: raise ValueError(f"The {s} split has {len(t)} tokens: too short for two windows of seq_len={seq_len}; pass more tokens or a smaller seq_len.")
 
 def diagnose(model, data, batch_size: int = 8, seq_len: int = 64, K: int = None, max_batches: int = None, device='cpu',
-             loss: str = 'perloop', norm_penalty: float = 0.0, ce_chunk: int = 0, few_batches: int = 4,
-             lemma_loops: int = 30, halting_target: float = 1.01, subset_batches: int = 20) -> DiagnosticReport:
+             loss: str = 'perloop', norm_penalty: float = 0.0, ce_chunk: int = 0, few_tokens: int = 8192,
+             lemma_loops: int = 30, halting_target: float = 1.01, subset_tokens: int = 40960) -> DiagnosticReport:
     "Every diagnostic of a `LoopedLM` or `LoopSpec` on token ids (`TokenData`, {split: ids} or one array = validation)."
     spec = as_spec(model)
     if K is not None: spec = dataclasses.replace(spec, K=K)
     splits, units = _splits(data)
     _check_args(splits, batch_size, seq_len, spec)
     kw = dict(batch_size=batch_size, seq_len=seq_len, device=device)
-    val, few = splits['validation'], min(few_batches, max_batches or few_batches)
-    sub = max_batches or subset_batches  # norms, clamp modes and halting: the first `sub` validation batches (exits: whole splits)
+    val, per = splits['validation'], batch_size*seq_len
+    sub = min(max_batches or math.inf, -(-subset_tokens // per))   # norms, clamp modes, halting: the first ~40k validation tokens
+    few = min(max_batches or math.inf, -(-few_tokens // per))      # float64 gradients, angles, scale, Lemma 2: the first ~8k
     x, _ = next(iter(_batches(val, min(batch_size, 2), seq_len, 1, device)))
     check = check_spec(spec, x)  # raises LoopSpecError on a broken spec
     check = {k: v for k, v in check.items() if isinstance(v, (int, float, str, bool, type(None)))}
