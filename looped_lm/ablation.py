@@ -14,7 +14,7 @@ import torch
 from .config import ExperimentConfig, ConfigError, load_preset, settings_path
 from .data import prepare_data, write_atomic, dir_lock, sweep_stale_tmp
 from .train import train, TrainingError, run_status, read_metrics, resolve_device
-from .diagnostics import diagnose_run, exit_throughput, DIAG_VERSION
+from .diagnostics import diagnose_run, exit_throughput, current_report, DIAG_VERSION
 
 # %% auto #0
 __all__ = ['VARIANTS', 'GROUPS', 'RENAMED', 'FORMS', 'TABLES', 'CLAIMS', 'Variant', 'repo_root', 'as_list', 'check_seeds',
@@ -241,16 +241,16 @@ def _train_radial(run_dir) -> float:
 
 def collect(out_dir, variants, seeds) -> list:
     "The records of a study rebuilt from its run directories alone: status, diagnostics and training radial fraction."
-    from looped_lm.train import read_json
     records = []
     for v in check_variants(variants):
         for s in check_seeds(seeds, []):
             rd = run_dir_of(out_dir, v, s); st = run_status(rd)
             rec = dict(variant=v, seed=s, run_dir=str(rd), status=st.get('state', 'missing'), message=st.get('message', ''))
             if rec['status'] == 'done':
-                diag = read_json(rd/'diagnostics.json') or {}
-                if diag.get('version') != DIAG_VERSION:   # missing, or written by other diagnostics: never read as a result
-                    rec.update(status='undiagnosed', message=f"{rd} has no diagnostics.json of version {DIAG_VERSION}: rerun the study.")
+                diag = current_report(rd)
+                if diag is None:   # missing, or written for another checkpoint or by other diagnostics: never read as a result
+                    rec.update(status='undiagnosed', message=f"{rd} has no diagnostics.json of version {DIAG_VERSION} for "
+                                                            f"its newest checkpoint: rerun the study.")
                 else: rec.update(diag=diag, radial_train=_train_radial(rd))
             records.append(rec)
     return records

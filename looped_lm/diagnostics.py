@@ -16,7 +16,8 @@ __all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'POLICIES', 'GRANU
            'eval_exits', 'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'norm_distribution',
            'float64_spec', 'predicted_radial', 'radial_fractions', 'angular_updates', 'angle_scaling', 'clamp_modes',
            'scale_sensitivity', 'lemma2', 'halting_scores', 'halting_policy', 'loop_scores', 'exit_outcome',
-           'calibrate_threshold', 'adaptive_halting', 'halting_speed', 'DiagnosticReport', 'diagnose', 'diagnose_run']
+           'calibrate_threshold', 'adaptive_halting', 'halting_speed', 'DiagnosticReport', 'diagnose', 'current_report',
+           'diagnose_run']
 
 # %% ../nbs/04_diagnostics.ipynb #9cf06f4c
 DIAG_VERSION = 4  # bump whenever a diagnostic changes: cached reports of another version are recomputed
@@ -510,6 +511,13 @@ def _checkpoint_id(ckpt) -> str | None:
     "The checkpoint's folder name and a hash of its weights: a retrained run with the same step count is a new checkpoint."
     if ckpt is None: return None
     return f"{Path(ckpt).name}:{file_content_sha(Path(ckpt)/'model.safetensors')[:16]}"  # hashed once per file version
+
+def current_report(run_dir) -> DiagnosticReport | None:
+    "The run's `diagnostics.json` if these diagnostics (`DIAG_VERSION`) wrote it for its newest checkpoint; else None."
+    from looped_lm.train import latest_checkpoint
+    run_dir = Path(run_dir)
+    key = dict(version=DIAG_VERSION, checkpoint=_checkpoint_id(latest_checkpoint(run_dir)))
+    return _cached(run_dir/'diagnostics.json', key) if key['checkpoint'] else None
 
 EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least the run's own batch)
 

@@ -324,9 +324,10 @@ def _run_card(run_dir: Path, cfg) -> dict:
     def read(name):
         try: return json.loads((run_dir/name).read_text())
         except (OSError, ValueError): return {}
-    data = read('data.json')
+    from looped_lm.diagnostics import current_report   # lazily: diagnostics imports this module
+    data, diag = read('data.json'), current_report(run_dir) or {}   # a stale report (older checkpoint or diagnostics) says nothing
     return dict(variant=run_dir.name, preset=cfg.name, corpus=data.get('corpus', cfg.corpus),
-                fingerprint=data.get('fingerprint', 'unknown'), final_row=final_loop_row(read('diagnostics.json')))
+                fingerprint=data.get('fingerprint', 'unknown'), final_row=final_loop_row(diag))
 
 @classmethod
 def _from_run(cls, run_dir, device='cpu') -> 'LoopedLM':

@@ -3,7 +3,8 @@ import json
 import pytest, torch
 from looped_lm.config import load_preset
 from looped_lm.model import LoopedLM
-from looped_lm.train import train
+from looped_lm.train import train, latest_checkpoint
+from looped_lm.diagnostics import DIAG_VERSION, _checkpoint_id
 from safetensors.torch import load_file
 
 
@@ -31,9 +32,24 @@ def test_from_run_is_the_trained_model(run, smoke_data):
     assert model.card_info['fingerprint'] == smoke_data.fingerprint
 
 
-def test_pretrained_round_trip(run, smoke_data, tmp_path):
-    (run/'diagnostics.json').write_text(json.dumps({'exits': {'validation': [{'k': 4, 'ppl': 321.5}]},
+def _write_report(run, **key):
+    "A diagnostics.json with known final-loop numbers, keyed like `diagnose_run` keys it (overridden by `key`)."
+    key = {**dict(version=DIAG_VERSION, checkpoint=_checkpoint_id(latest_checkpoint(run))), **key}
+    (run/'diagnostics.json').write_text(json.dumps({**key, 'exits': {'validation': [{'k': 4, 'ppl': 321.5}]},
                                                     'norms': [{'k': 4, 'mean': 7.25}], 'radial': [{'k': 4, 'readout': 2.5e-7}]}))
+
+
+def test_card_ignores_stale_diagnostics(run):
+    "A report of older diagnostics, or of another checkpoint, never reaches the model card."
+    for stale in (dict(version=DIAG_VERSION - 1), dict(checkpoint='ckpt-000001:0123456789abcdef')):
+        _write_report(run, **stale)
+        assert LoopedLM.from_run(run).card_info['final_row'] == {}, stale
+    _write_report(run)
+    assert LoopedLM.from_run(run).card_info['final_row'] == dict(k=4, ppl=321.5, norm=7.25, radial=2.5e-7)
+
+
+def test_pretrained_round_trip(run, smoke_data, tmp_path):
+    _write_report(run)
     model = LoopedLM.from_run(run)
     model.save_pretrained(tmp_path/'hub')
     card = (tmp_path/'hub'/'README.md').read_text()
