@@ -7,7 +7,8 @@
 - every preset of settings.ini, the paper ones included, runs one training step with its own model shape
   (tiny batch, synthetic tokens: no WikiText-103 needed).
 """
-import shutil, warnings
+import json, shutil, subprocess, warnings
+from pathlib import Path
 from types import SimpleNamespace
 import numpy as np, pytest, torch
 from looped_lm.config import load_preset, list_presets
@@ -88,3 +89,14 @@ def test_every_preset_runs_one_training_step_on_cpu(preset, tmp_path):
     assert len(rec['loss']) == cfg.K and all(np.isfinite(rec['loss'])) and np.isfinite(rec['grad_norm'])
     assert not torch.equal(before, run.model.tok_emb.weight)  # the optimiser stepped
     assert [r['step'] for r in read_metrics(tmp_path, 'train')] == [1]
+
+
+def test_gpu_check_dry_run_covers_every_paper_preset(tmp_path):
+    "`benchmarks/gpu_check.sh --dry-run`: every code path of the four paper presets on the CPU, at smoke sizes."
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(['bash', 'benchmarks/gpu_check.sh', '--dry-run', '--out', str(tmp_path)], cwd=root,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((tmp_path/'gpu.json').read_text())
+    assert res['dry_run'] and set(res['presets']) == {'paper-44m', 'paper-129m', 'paper-exact-44m', 'paper-exact-129m'}
+    for name, p in res['presets'].items(): assert not p['errors'] and 'trainer' in p, (name, p['errors'])
