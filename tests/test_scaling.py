@@ -1,0 +1,111 @@
+"""The scaling study (nbs/07_scaling.ipynb): points, bad grids, the power-law fit, and a tiny grid end to end.
+
+A tiny grid trains and measures every run; a rerun trains nothing and measures nothing; an interrupted point is resumed
+by the study; a measurement of another checkpoint is measured again; bad grids fail before any folder exists.
+"""
+import json, math
+import numpy as np, pandas as pd
+import pytest
+from looped_lm.config import ConfigError, load_preset
+from looped_lm.train import train, run_status, latest_checkpoint
+from looped_lm.scaling import (AT_RISK, GRIDS, PAPER_TOKENS, Grid, check_scaling, fit_growth, measure_key, measure_run,
+                               read_measure, run_scaling, scaling_points)
+
+SMALL = Grid('smoke', dict(budget=[0.5, 1], K=[2]), overrides=dict(train_tokens=2048), variants=(AT_RISK, 'perloop-raw'),
+             measure_tokens=1024, radial_tokens=256, publish=False)
+
+
+def stamps(folder) -> dict:
+    return {p: p.stat().st_mtime_ns for n in ('model.safetensors', 'scaling.json') for p in folder.rglob(n)}
+
+
+def test_centre_is_listed_once():
+    base = load_preset('smoke')
+    pts = scaling_points(base, dict(budget=[1, 0.5], width=[64, 32], lr_wd=['preset', 'low-lr'], K=[4, 2]))
+    assert [p.name for p in pts] == ['centre', 'budget-0.5', 'width-32', 'lr_wd-low-lr', 'K-2']
+    assert pts[0].overrides == {} and pts[0].config(base) == base
+    assert pts[1].config(base).steps == base.steps // 2 and pts[3].config(base).lr == 3e-4
+
+
+@pytest.mark.parametrize('axes, msg', [
+    (dict(depth=[1]), 'Unknown axis'), (dict(budget=[]), 'non-empty list'), (dict(budget=[0]), 'positive number'),
+    (dict(budget=[-0.5]), 'positive number'), (dict(budget=[float('nan')]), 'positive number'), (dict(width=[65]), 'divisible'),
+    (dict(K=[1.5]), 'positive integer'), (dict(lr_wd=['sgd']), 'unknown recipe'), ({}, 'non-empty dict')])
+def test_bad_grids_fail_before_anything_exists(tmp_path, axes, msg):
+    with pytest.raises(ConfigError, match=msg): run_scaling(Grid('smoke', axes), out_dir=tmp_path/'out', progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_grid_names_and_variants(tmp_path):
+    with pytest.raises(ConfigError, match='Unknown grid'): run_scaling('enormous', out_dir=tmp_path/'out')
+    with pytest.raises(ConfigError, match='Valid variants'):
+        run_scaling(Grid('smoke', dict(K=[2]), variants=(AT_RISK, 'perloop-batchnorm')), out_dir=tmp_path/'out')
+    with pytest.raises(ConfigError, match='at-risk'): run_scaling(Grid('smoke', dict(K=[2]), variants=('perloop-raw',)), out_dir=tmp_path/'out')
+    with pytest.raises(ConfigError, match='radial_tokens'):
+        run_scaling(Grid('smoke', dict(K=[2]), measure_tokens=64, radial_tokens=128), out_dir=tmp_path/'out')
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cpu_grid_fits_the_budget(tmp_path):
+    plan = check_scaling('cpu', out_dir=tmp_path/'out')
+    assert len(plan.points) == 10 and len(plan.jobs) == 40 and len({j.run_dir for j in plan.jobs}) == 40
+    assert {j.cfg.readout for j in plan.jobs} == {'rmsnorm', 'raw', 'final_norm'}
+    official = [j.cfg for j in plan.jobs if j.point.name == 'lr_wd-official']
+    assert all((c.lr, c.schedule, c.warmup_steps, c.weight_decay, c.decay_all, c.beta2) == (3e-4, 'constant', 0, 0.01, True, 0.999) for c in official)
+    assert not (tmp_path/'out').exists()
+
+
+@pytest.mark.parametrize('b', [0.3, 0.8, 1.7])
+def test_fit_growth_recovers_power_laws(b):
+    t = np.array([1, 2, 4, 8])*1e5
+    f = fit_growth(t, 5.0*t**b)
+    assert abs(f['exponent'] - b) < 1e-10 and f['stderr'] < 1e-8 and abs(math.exp(f['intercept']) - 5.0) < 1e-6
+    rng = np.random.default_rng(1)
+    noisy = [fit_growth(t, 5.0*t**b*np.exp(rng.normal(0, 0.2, 4))) for _ in range(200)]
+    z = np.array([(g['exponent'] - b)/g['stderr'] for g in noisy])
+    assert np.mean(np.abs(z) <= 3) >= 0.9          # t with 2 dof: P(|T| <= 3) = 0.905
+    mid, lo, hi = noisy[0]['predict'](PAPER_TOKENS)
+    assert lo < mid < hi
+
+
+def test_fit_growth_refuses_what_it_cannot_fit():
+    for t, y in [([1e5], [1.0]), ([1e5, 1e5], [1.0, 2.0]), ([1e5, 2e5], [1.0, -1.0]), ([0, 2e5], [1.0, 2.0]), ([1e5, 2e5], [1.0])]:
+        with pytest.raises(ValueError): fit_growth(t, y)
+
+
+def test_tiny_grid_trains_once_and_reruns_nothing(tmp_path, smoke_data):
+    res = run_scaling('tiny', out_dir=tmp_path, progress=False)
+    t = res.table
+    assert len(t) == len(res.plan.jobs) == 12 and set(t.status) == {'done'}
+    assert t.norm.gt(0).all() and t.radial.between(0, 1).all()
+    assert (t[t.variant == AT_RISK].radial < 1e-3).all() and (t[t.variant == 'perloop-raw'].radial > 1e-2).all()
+    assert set(t[t.point == 'K-2']['ppl@2'].notna()) == {True} and t[t.point == 'K-2']['ppl@3'].isna().all()
+    assert sorted(p.name for p in res.figures) == ['axes.pdf', 'axes.png', 'drift.pdf', 'drift.png']
+    assert pd.read_csv(tmp_path/'scaling.csv').shape[0] == 12 and 'a guess' in (tmp_path/'reading.md').read_text()
+    before = stamps(tmp_path)
+    again = run_scaling('tiny', out_dir=tmp_path, progress=False, figures=False)
+    assert stamps(tmp_path) == before                        # no checkpoint written, no measurement made
+    cols = [c for c in t.columns if c not in ('train_s', 'measure_s')]
+    pd.testing.assert_frame_equal(again.table[cols], t[cols])
+    assert again.table.train_s.equals(t.train_s)             # a rerun adds no training time
+
+
+def test_interrupted_point_resumes_and_stale_measurements_are_redone(tmp_path, smoke_data):
+    plan = check_scaling(SMALL, out_dir=tmp_path)
+    job = next(j for j in plan.jobs if j.point.name == 'centre' and j.variant == AT_RISK)
+    train(job.cfg, job.run_dir, data=smoke_data, max_steps=1, progress=False)   # interrupted after its first step
+    assert run_status(job.run_dir)['state'] == 'running'
+    m1 = measure_run(job.run_dir, smoke_data, SMALL.measure_tokens, SMALL.radial_tokens)
+    res = run_scaling(SMALL, out_dir=tmp_path, progress=False, figures=False)
+    st = run_status(job.run_dir)
+    assert st['state'] == 'done' and st['step'] == job.cfg.steps
+    assert set(res.table.status) == {'done'} and len(res.table) == 3*2
+    m2 = json.loads((job.run_dir/'scaling.json').read_text())
+    assert m2['checkpoint'] != m1['checkpoint'] and m2['checkpoint'].startswith(latest_checkpoint(job.run_dir).name)
+    assert m2['norms'][-1]['mean'] != m1['norms'][-1]['mean']   # the finished model was measured, not the 1-step one
+    key = measure_key(job.run_dir, smoke_data, SMALL.measure_tokens, SMALL.radial_tokens)
+    assert read_measure(job.run_dir, key) is not None
+    assert read_measure(job.run_dir, dict(key, version=key['version'] + 1)) is None
+    assert read_measure(job.run_dir, dict(key, tokens=2048)) is None
+    (job.run_dir/'scaling.json').write_text('{"trunc')                          # damaged: measured again, not an error
+    assert measure_run(job.run_dir, smoke_data, SMALL.measure_tokens, SMALL.radial_tokens)['exits'] == m2['exits']
