@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_scaling.ipynb #4c7d2bca
 from __future__ import annotations
-import json, math, numbers, os, time
+import dataclasses, json, math, numbers, os, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -13,7 +13,7 @@ from .config import ExperimentConfig, ConfigError, load_preset
 from .data import prepare_data, write_atomic, dir_lock
 from .model import LoopedLM, LoopedLMConfig, num_params, train_flops_per_token
 from .train import train, TrainingError, RunDirError, run_status, read_metrics, latest_checkpoint, load_run, resolve_device
-from .diagnostics import eval_exits, token_norms, norm_stats, radial_fractions, _checkpoint_id
+from .diagnostics import eval_exits, token_norms, norm_stats, radial_fractions, _checkpoint_id, DIAG_VERSION
 from .protocol import as_spec
 from .ablation import VARIANTS, check_variants, check_seeds, repo_root, to_markdown, _check_folder
 
@@ -48,6 +48,9 @@ def _budget(base: ExperimentConfig, m) -> dict:
     steps = round(_positive('budget', m)*base.steps)
     if steps < 1: raise ConfigError(f"axis budget: {m!r} x the centre's {base.steps} steps buys no optimiser step; "
                                     f"use a multiple of at least {1/base.steps:.3g}.")
+    if base.schedule == 'cosine' and steps <= base.warmup_steps:   # it would never reach the peak lr: budget mixed with lr
+        raise ConfigError(f"axis budget: {m!r} x {base.steps} = {steps} steps ends inside the {base.warmup_steps}-step warm-up; "
+                          f"use a larger multiple or lower warmup_steps in the grid's overrides.")
     return {} if steps == base.steps else dict(train_tokens=steps*base.batch_size*base.seq_len)
 
 def _width(base: ExperimentConfig, d) -> dict:
@@ -94,9 +97,9 @@ def _config_key(cfg: ExperimentConfig) -> str: return json.dumps(cfg.to_dict(), 
 
 def _values(axis: str, values) -> list:
     if axis not in AXES: raise ConfigError(f"Unknown axis {axis!r}; valid axes: {', '.join(AXES)}.")
-    if isinstance(values, (str, bytes, dict)) or not hasattr(values, '__iter__') or not list(values):
-        raise ConfigError(f"axis {axis}: give a non-empty list of values, e.g. {AXES[axis].example}; got {values!r}.")
-    return list(values)
+    vals = None if isinstance(values, (str, bytes, dict)) or not hasattr(values, '__iter__') else list(values)
+    if not vals: raise ConfigError(f"axis {axis}: give a non-empty list of values, e.g. {AXES[axis].example}; got {values!r}.")
+    return vals
 
 def scaling_points(base_cfg: ExperimentConfig, axes: dict) -> list:
     "The centre (`base_cfg` as is) once, then each axis's other values one at a time, every value and config checked first."
@@ -130,7 +133,7 @@ class Grid:
 
 GRIDS = {
     'tiny': Grid('smoke', dict(budget=[0.25, 0.5, 1], width=[32, 64], lr_wd=['preset', 'official'], K=[2, 4]),
-                 overrides=dict(train_tokens=4096), variants=(AT_RISK, 'perloop-raw'), measure_tokens=2048, radial_tokens=512,
+                 overrides=dict(train_tokens=4096, warmup_steps=2), variants=(AT_RISK, 'perloop-raw'), measure_tokens=2048, radial_tokens=512,
                  publish=False),
     'cpu': Grid('cpu', dict(budget=[0.25, 0.5, 1, 2], width=[64, 128], lr_wd=list(RECIPES), K=[2, 4, 8]),
                 overrides=dict(train_tokens=614400)),
@@ -198,12 +201,16 @@ def check_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, d
     if device not in ('auto', 'cpu', 'cuda'): raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}.")
     if device != 'auto': base = base.replace(device=device)
     dev = str(resolve_device(base))
-    variants = check_variants(list(spec.variants))
+    variants = check_variants(spec.variants)
     if AT_RISK not in variants:
         raise ConfigError(f"variants {variants} lack the at-risk {AT_RISK}, against which every ratio is taken; add it.")
-    seeds = check_seeds(list(spec.seeds), []) if spec.seeds is not None else [base.seed]
+    seeds = check_seeds(spec.seeds, []) if spec.seeds is not None else [base.seed]
+    spec = dataclasses.replace(spec, variants=tuple(variants), seeds=tuple(seeds))   # the checked lists, for every reader
     _check_tokens(spec, base)
     points = scaling_points(base, spec.axes)
+    if name == 'custom' and out_dir in (None, ''):
+        raise ConfigError("A custom Grid needs its own out_dir (two custom grids would share results/scaling-custom); pass out_dir.")
+    preset = preset or None
     key = name if preset in (None, spec.preset) else f"{name}-{preset}"
     out = Path(out_dir) if out_dir not in (None, '') else repo_root()/'results'/f'scaling-{key}'
     published = spec.publish and out_dir in (None, '')
@@ -227,8 +234,8 @@ def measure_key(run_dir, data, tokens: int, radial_tokens: int) -> dict | None:
     "What a measurement of the run's newest checkpoint is keyed by (None when the run has no checkpoint)."
     ck = latest_checkpoint(run_dir)
     if ck is None: return None
-    return dict(version=SCALING_VERSION, checkpoint=_checkpoint_id(ck), tokens=tokens, radial_tokens=radial_tokens,
-                data=_ids(data)[1])
+    return dict(version=SCALING_VERSION, diag_version=DIAG_VERSION, checkpoint=_checkpoint_id(ck), tokens=tokens,
+                radial_tokens=radial_tokens, data=_ids(data)[1])
 
 def read_measure(run_dir, key: dict) -> dict | None:
     "The cached `scaling.json` of `run_dir` if it was written for `key`; None when missing, damaged or of another key."
@@ -482,12 +489,13 @@ def reading(df: pd.DataFrame, plan: Plan, fits: dict) -> str:
                    f"(R² {_n(f['r2'])}): {_verdict(f)}.")
     if AT_RISK in fits:
         mid, lo, hi = fits[AT_RISK]['predict'](PAPER_TOKENS)
-        big = axis_rows(done, 'budget', plan).tokens.max()
+        b = axis_rows(done[done.variant == AT_RISK], 'budget', plan)
+        big, n_params = b.tokens.max(), b.params.max()              # the fitted runs' budget and model
         out.append(f"- Carried to the paper's {PAPER_TOKENS:.4g} tokens, the `{AT_RISK}` fit gives ‖H_K‖ ≈ {_n(mid)} "
                    f"(±1 s.e. {_n(lo)} to {_n(hi)}), against the paper's {PAPER_DRIFT['44M']:,.0f} (44M) and "
-                   f"{PAPER_DRIFT['129M']:,.0f} (129M). That extrapolates a {done.params.max()/1e6:.2f}M-parameter WikiText-2 "
+                   f"{PAPER_DRIFT['129M']:,.0f} (129M). That extrapolates a {n_params/1e6:.2f}M-parameter WikiText-2 "
                    f"fit by {math.log10(PAPER_TOKENS/big):.1f} orders of magnitude in tokens (and the model by "
-                   f"{math.log10(44e6/done.params.max()):.1f} to {math.log10(129e6/done.params.max()):.1f} in size): a guess, "
+                   f"{math.log10(44e6/n_params):.1f} to {math.log10(129e6/n_params):.1f} in size): a guess, "
                    "not a prediction of record.")
     p = done.pivot_table(index='point', columns='variant', values=['norm', 'radial', 'gain', 'c6'], aggfunc='mean')
     pts = [q.name for q in plan.points if q.name in p.index]
@@ -530,6 +538,7 @@ def write_results(res: Scaling):
     write_atomic(out/'scaling.md', to_markdown(md))
     write_atomic(out/'growth.csv', res.growth.to_csv())
     if len(res.growth): write_atomic(out/'growth.md', to_markdown(res.growth))
+    else: (out/'growth.md').unlink(missing_ok=True)          # never left over from an earlier study of this folder
     write_atomic(out/'reading.md', res.reading + '\n')
 
 def draw(res: Scaling) -> list:
@@ -537,10 +546,12 @@ def draw(res: Scaling) -> list:
     import matplotlib.pyplot as plt
     from looped_lm.figures import save, check_fig_dir
     fig_dir, paths = check_fig_dir(res.plan.fig_dir), []
-    if 'budget' in res.plan.spec.axes and 'norm' in res.table:
-        fig = fig_drift(res.table, res.plan, res.fits); paths += save(fig, fig_dir, 'drift'); plt.close(fig)
-    if 'norm' in res.table:
-        fig = fig_axes(res.table, res.plan); paths += save(fig, fig_dir, 'axes'); plt.close(fig)
+    for name, make, wanted in (('drift', lambda: fig_drift(res.table, res.plan, res.fits), 'budget' in res.plan.spec.axes),
+                               ('axes', lambda: fig_axes(res.table, res.plan), True)):
+        if wanted and 'norm' in res.table:
+            fig = make(); paths += save(fig, fig_dir, name); plt.close(fig)
+        else:                                               # an earlier study's figure is never shown as this one's
+            for ext in ('png', 'pdf'): (Path(fig_dir)/f'{name}.{ext}').unlink(missing_ok=True)
     return paths
 
 def run_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, data_dir=None, device: str = 'auto',
@@ -557,7 +568,7 @@ def run_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, dat
         if state == 'done': measure_run(job.run_dir, data, plan.spec.measure_tokens, plan.spec.radial_tokens, plan.device)
         if progress: print(f"[{i}/{len(plan.jobs)}] {job.label}: {state}", flush=True)
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    with dir_lock(plan.out_dir, what='scaling study'):
+    with dir_lock(plan.out_dir, what='scaling study', wait=True):
         table = scaling_table(plan, data)
         fits, growth = growth_table(table, plan)
         res = Scaling(plan, table, fits, growth, reading(table, plan, fits), [])

@@ -8,10 +8,10 @@ import numpy as np, pandas as pd
 import pytest
 from looped_lm.config import ConfigError, load_preset
 from looped_lm.train import train, run_status, latest_checkpoint
-from looped_lm.scaling import (AT_RISK, GRIDS, PAPER_TOKENS, Grid, check_scaling, fit_growth, measure_key, measure_run,
+from looped_lm.scaling import (AT_RISK, GRIDS, PAPER_TOKENS, Grid, check_scaling, estimate_seconds, fit_growth, measure_key, measure_run,
                                read_measure, run_scaling, scaling_points)
 
-SMALL = Grid('smoke', dict(budget=[0.5, 1], K=[2]), overrides=dict(train_tokens=2048), variants=(AT_RISK, 'perloop-raw'),
+SMALL = Grid('smoke', dict(budget=[0.5, 1], K=[2]), overrides=dict(train_tokens=2048, warmup_steps=2), variants=(AT_RISK, 'perloop-raw'),
              measure_tokens=1024, radial_tokens=256, publish=False)
 
 
@@ -43,7 +43,16 @@ def test_bad_grid_names_and_variants(tmp_path):
     with pytest.raises(ConfigError, match='at-risk'): run_scaling(Grid('smoke', dict(K=[2]), variants=('perloop-raw',)), out_dir=tmp_path/'out')
     with pytest.raises(ConfigError, match='radial_tokens'):
         run_scaling(Grid('smoke', dict(K=[2]), measure_tokens=64, radial_tokens=128), out_dir=tmp_path/'out')
+    with pytest.raises(ConfigError, match='warm-up'):     # smoke: 96 steps, 10 of warm-up; x0.1 would never reach the peak lr
+        run_scaling(Grid('smoke', dict(budget=[0.1])), out_dir=tmp_path/'out')
+    with pytest.raises(ConfigError, match='needs its own out_dir'): run_scaling(Grid('smoke', dict(K=[2])))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_variants_and_seeds_in_every_accepted_form(tmp_path):
+    plan = check_scaling(Grid('smoke', dict(K=[2]), variants=f'{AT_RISK},perloop-raw', seeds=3), out_dir=tmp_path/'out')
+    assert plan.spec.variants == (AT_RISK, 'perloop-raw') and plan.spec.seeds == (3,)
+    assert {(j.variant, j.seed) for j in plan.jobs} == {(v, 3) for v in (AT_RISK, 'perloop-raw')}
 
 
 def test_cpu_grid_fits_the_budget(tmp_path):
@@ -52,6 +61,7 @@ def test_cpu_grid_fits_the_budget(tmp_path):
     assert {j.cfg.readout for j in plan.jobs} == {'rmsnorm', 'raw', 'final_norm'}
     official = [j.cfg for j in plan.jobs if j.point.name == 'lr_wd-official']
     assert all((c.lr, c.schedule, c.warmup_steps, c.weight_decay, c.decay_all, c.beta2) == (3e-4, 'constant', 0, 0.01, True, 0.999) for c in official)
+    assert estimate_seconds([j.cfg for j in plan.jobs]) < 2.5*3600   # about two hours at the measured cpu-preset speed
     assert not (tmp_path/'out').exists()
 
 
@@ -61,9 +71,10 @@ def test_fit_growth_recovers_power_laws(b):
     f = fit_growth(t, 5.0*t**b)
     assert abs(f['exponent'] - b) < 1e-10 and f['stderr'] < 1e-8 and abs(math.exp(f['intercept']) - 5.0) < 1e-6
     rng = np.random.default_rng(1)
-    noisy = [fit_growth(t, 5.0*t**b*np.exp(rng.normal(0, 0.2, 4))) for _ in range(200)]
+    noisy = [fit_growth(t, 5.0*t**b*np.exp(rng.normal(0, 0.2, 4))) for _ in range(2000)]
     z = np.array([(g['exponent'] - b)/g['stderr'] for g in noisy])
-    assert np.mean(np.abs(z) <= 3) >= 0.9          # t with 2 dof: P(|T| <= 3) = 0.905
+    for x in (1, 3):                               # t with 2 dof: P(|T| <= x) = x/sqrt(x^2 + 2); binomial sd < 0.012
+        assert abs(np.mean(np.abs(z) <= x) - x/math.sqrt(x*x + 2)) < 0.04, x
     mid, lo, hi = noisy[0]['predict'](PAPER_TOKENS)
     assert lo < mid < hi
 
