@@ -210,7 +210,7 @@ def main():
         if dry:  # the preset's options, the smoke preset's sizes, on the CPU
             s = load_preset('smoke')
             cfg = cfg.replace(vocab_size=s.vocab_size, d_model=s.d_model, n_layers=s.n_layers, n_heads=s.n_heads, max_seq_len=s.max_seq_len,
-                              seq_len=s.seq_len, stride=cfg.stride * s.seq_len // cfg.seq_len,   # the preset's window overlap, at smoke length
+                              seq_len=s.seq_len, stride=cfg.stride and max(1, cfg.stride * s.seq_len // cfg.seq_len),   # the preset's overlap at smoke length
                               batch_size=4, ce_chunk=32, device='cpu', dtype='float32', compile=False)
         r = res['presets'][p] = dict(seq_len=cfg.seq_len, batch_size=cfg.batch_size, ce_chunk=cfg.ce_chunk, dtype=cfg.dtype, errors=[])
         with torch.device('meta'): r['params'] = num_params(LoopedLM(LoopedLMConfig.from_experiment(cfg)))

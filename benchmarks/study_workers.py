@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Parallel study benchmark: the same study with `workers=1` and `workers=2`, from empty results folders.
 
-    python benchmarks/study_workers.py                       # cpu preset, two variants, one seed (about 6 minutes on 2 idle cores)
+    python benchmarks/study_workers.py                       # cpu preset, two variants, one seed (about 25 minutes on 2 idle cores)
     python benchmarks/study_workers.py --preset smoke        # the script itself, in seconds
 
 Both studies train the same (variant, seed) runs with the same total number of threads (1 worker x 2 threads vs
@@ -35,8 +35,11 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix='study-workers-'))
     res = dict(machine=machine(), preset=a.preset, variants=a.variants, seeds=a.seeds, runs={})
+    from looped_lm.config import load_preset
+    from looped_lm.data import prepare_data
+    prepare_data(load_preset(a.preset), verbose=False)   # the token cache, built before either study is timed
     try:
-        for w in (1, 2):  # serial first: it also builds the token cache that both use
+        for w in (1, 2):
             res['runs'][f'workers={w}'] = run_study(a.preset, a.variants, a.seeds, w, scratch/f'w{w}')
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -94,7 +94,7 @@ def test_every_preset_runs_one_training_step_on_cpu(preset, tmp_path):
 def test_gpu_check_dry_run_covers_every_paper_preset(tmp_path):
     "`benchmarks/gpu_check.sh --dry-run`: every code path of the four paper presets on the CPU, at smoke sizes."
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run(['bash', 'benchmarks/gpu_check.sh', '--dry-run', '--out', str(tmp_path)], cwd=root,
+    r = subprocess.run(['bash', 'benchmarks/gpu_check.sh', '--dry-run', '--budget-s', '100000', '--out', str(tmp_path)], cwd=root,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads((tmp_path/'gpu.json').read_text())
