@@ -513,11 +513,13 @@ def _checkpoint_id(ckpt) -> str | None:
     return f"{Path(ckpt).name}:{file_content_sha(Path(ckpt)/'model.safetensors')[:16]}"  # hashed once per file version
 
 def current_report(run_dir) -> DiagnosticReport | None:
-    "The run's `diagnostics.json` if these diagnostics (`DIAG_VERSION`) wrote it for its newest checkpoint; else None."
-    from looped_lm.train import latest_checkpoint
+    "The run's `diagnostics.json` if these diagnostics (`DIAG_VERSION`) wrote it for its newest checkpoint; else None (a damaged file: `RunDirError`)."
+    from looped_lm.train import latest_checkpoint, read_json
     run_dir = Path(run_dir)
+    rep = read_json(run_dir/'diagnostics.json')
+    if not isinstance(rep, dict): return None
     key = dict(version=DIAG_VERSION, checkpoint=_checkpoint_id(latest_checkpoint(run_dir)))
-    return _cached(run_dir/'diagnostics.json', key) if key['checkpoint'] else None
+    return DiagnosticReport(rep) if key['checkpoint'] and all(rep.get(k) == v for k, v in key.items()) else None
 
 EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least the run's own batch)
 

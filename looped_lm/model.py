@@ -325,7 +325,10 @@ def _run_card(run_dir: Path, cfg) -> dict:
         try: return json.loads((run_dir/name).read_text())
         except (OSError, ValueError): return {}
     from looped_lm.diagnostics import current_report   # lazily: diagnostics imports this module
-    data, diag = read('data.json'), current_report(run_dir) or {}   # a stale report (older checkpoint or diagnostics) says nothing
+    from looped_lm.train import RunDirError
+    try: diag = current_report(run_dir) or {}          # a stale report (older checkpoint or diagnostics) says nothing
+    except RunDirError: diag = {}                      # nor does a damaged one: the model loads all the same
+    data = read('data.json')
     return dict(variant=run_dir.name, preset=cfg.name, corpus=data.get('corpus', cfg.corpus),
                 fingerprint=data.get('fingerprint', 'unknown'), final_row=final_loop_row(diag))
 

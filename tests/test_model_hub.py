@@ -44,6 +44,8 @@ def test_card_ignores_stale_diagnostics(run):
     for stale in (dict(version=DIAG_VERSION - 1), dict(checkpoint='ckpt-000001:0123456789abcdef')):
         _write_report(run, **stale)
         assert LoopedLM.from_run(run).card_info['final_row'] == {}, stale
+    (run/'diagnostics.json').write_text('{"version": ')                     # damaged: the model still loads, the card says nothing
+    assert LoopedLM.from_run(run).card_info['final_row'] == {}
     _write_report(run)
     assert LoopedLM.from_run(run).card_info['final_row'] == dict(k=4, ppl=321.5, norm=7.25, radial=2.5e-7)
 
