@@ -18,9 +18,9 @@ from .diagnostics import diagnose_run, exit_throughput, current_report, DIAG_VER
 
 # %% auto #0
 __all__ = ['VARIANTS', 'GROUPS', 'RENAMED', 'FORMS', 'TABLES', 'CLAIMS', 'Variant', 'repo_root', 'as_list', 'check_seeds',
-           'check_variants', 'Study', 'study_key', 'default_workers', 'check_params', 'run_dir_of', 'collect',
-           'read_throughput', 'study_throughput', 'run_ablation', 'MissingDiagnostic', 'dig', 'table1', 'table2',
-           'throughput_table', 'table4', 'table_scale', 'table_lemma2', 'table_halting', 'table_token_norms',
+           'check_variants', 'Study', 'study_key', 'check_folder', 'default_workers', 'check_params', 'run_dir_of',
+           'collect', 'read_throughput', 'study_throughput', 'run_ablation', 'MissingDiagnostic', 'dig', 'table1',
+           'table2', 'throughput_table', 'table4', 'table_scale', 'table_lemma2', 'table_halting', 'table_token_norms',
            'endpoint', 'table_endpoint', 'endpoint_correlations', 'table_endpoint_corr', 'display_frame', 'to_markdown',
            'to_latex', 'build_tables', 'write_tables', 'measures', 'claims', 'claims_markdown', 'publish']
 
@@ -140,7 +140,7 @@ def study_key(variants, seeds) -> str:
     key = f"{'+'.join(variants)}_seeds-{'-'.join(map(str, seeds))}"
     return key if len(key) <= 80 else f"{len(variants)}variants-{len(seeds)}seeds-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
-def _check_folder(p: Path, what: str):
+def check_folder(p: Path, what: str):
     "Refuse a path that is a file, or lies under one, or whose nearest existing folder is not writable; creates nothing."
     for q in [p, *p.parents]:
         if q.exists():
@@ -166,7 +166,7 @@ def check_params(preset='cpu', variants=None, seeds=None, out_dir=None, device='
     main = names == list(VARIANTS) and seeds == cfg.seed_list
     study_dir = out if main else out/f'study-{study_key(names, seeds)}'
     fig = Path(fig_dir) if fig_dir else (repo_root()/'figures'/preset if main and default_out else study_dir/'figures')
-    _check_folder(out, 'out_dir'); _check_folder(fig, 'fig_dir')
+    check_folder(out, 'out_dir'); check_folder(fig, 'fig_dir')
     n_runs = len(names)*len(seeds)
     if workers is None: workers = default_workers(n_runs, dev.type)
     if isinstance(workers, str) and workers.strip().isdigit(): workers = int(workers)

@@ -16,8 +16,8 @@ __all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'POLICIES', 'GRANU
            'eval_exits', 'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'norm_distribution',
            'float64_spec', 'predicted_radial', 'radial_fractions', 'angular_updates', 'angle_scaling', 'clamp_modes',
            'scale_sensitivity', 'lemma2', 'halting_scores', 'halting_policy', 'loop_scores', 'exit_outcome',
-           'calibrate_threshold', 'adaptive_halting', 'halting_speed', 'DiagnosticReport', 'diagnose', 'current_report',
-           'diagnose_run']
+           'calibrate_threshold', 'adaptive_halting', 'halting_speed', 'DiagnosticReport', 'diagnose', 'matches_key',
+           'checkpoint_id', 'current_report', 'diagnose_run']
 
 # %% ../nbs/04_diagnostics.ipynb #9cf06f4c
 DIAG_VERSION = 4  # bump whenever a diagnostic changes: cached reports of another version are recomputed
@@ -497,6 +497,10 @@ def diagnose(model, data, batch_size: int = 8, seq_len: int = 64, K: int = None,
         halting=adaptive_halting(ce, scores, halting_target))
 
 # %% ../nbs/04_diagnostics.ipynb #d5646914
+def matches_key(rec, key: dict) -> bool:
+    "Whether `rec` is a dict holding every item of `key`: the test of every cached result (a None key never matches)."
+    return isinstance(rec, dict) and key is not None and all(rec.get(k) == v for k, v in key.items())
+
 def _cached(p: Path, key: dict):
     "The report cached in `p` if it was written for `key` (version, checkpoint, batches); a damaged file is recomputed with a warning."
     if not p.exists(): return None
@@ -505,9 +509,9 @@ def _cached(p: Path, key: dict):
         warnings.warn(f"{p} is damaged ({type(e).__name__}: {e}); recomputing the diagnostics."); return None
     if not isinstance(rep, dict):
         warnings.warn(f"{p} does not hold a report; recomputing the diagnostics."); return None
-    return DiagnosticReport(rep) if all(rep.get(k) == v for k, v in key.items()) else None
+    return DiagnosticReport(rep) if matches_key(rep, key) else None
 
-def _checkpoint_id(ckpt) -> str | None:
+def checkpoint_id(ckpt) -> str | None:
     "The checkpoint's folder name and a hash of its weights: a retrained run with the same step count is a new checkpoint."
     if ckpt is None: return None
     return f"{Path(ckpt).name}:{file_content_sha(Path(ckpt)/'model.safetensors')[:16]}"  # hashed once per file version
@@ -517,9 +521,8 @@ def current_report(run_dir) -> DiagnosticReport | None:
     from looped_lm.train import latest_checkpoint, read_json
     run_dir = Path(run_dir)
     rep = read_json(run_dir/'diagnostics.json')
-    if not isinstance(rep, dict): return None
-    key = dict(version=DIAG_VERSION, checkpoint=_checkpoint_id(latest_checkpoint(run_dir)))
-    return DiagnosticReport(rep) if key['checkpoint'] and all(rep.get(k) == v for k, v in key.items()) else None
+    key = dict(version=DIAG_VERSION, checkpoint=checkpoint_id(latest_checkpoint(run_dir)))
+    return DiagnosticReport(rep) if key['checkpoint'] and matches_key(rep, key) else None
 
 EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least the run's own batch)
 
@@ -528,7 +531,7 @@ def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> 
     from looped_lm.train import load_run, latest_checkpoint
     run_dir = Path(run_dir)
     ckpt = latest_checkpoint(run_dir)
-    key = dict(version=DIAG_VERSION, checkpoint=_checkpoint_id(ckpt), max_batches=max_batches)
+    key = dict(version=DIAG_VERSION, checkpoint=checkpoint_id(ckpt), max_batches=max_batches)
     p = run_dir/'diagnostics.json'
     if (rep := _cached(p, key)) is not None: return rep
     cfg, model = load_run(run_dir, device)

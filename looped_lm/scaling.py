@@ -13,9 +13,9 @@ from .config import ExperimentConfig, ConfigError, load_preset
 from .data import prepare_data, write_atomic, dir_lock
 from .model import LoopedLM, LoopedLMConfig, num_params, train_flops_per_token
 from .train import train, TrainingError, RunDirError, run_status, read_metrics, latest_checkpoint, load_run, resolve_device
-from .diagnostics import eval_exits, token_norms, norm_stats, radial_fractions, _checkpoint_id, DIAG_VERSION
+from .diagnostics import eval_exits, token_norms, norm_stats, radial_fractions, checkpoint_id, matches_key, DIAG_VERSION
 from .protocol import as_spec
-from .ablation import VARIANTS, check_variants, check_seeds, repo_root, to_markdown, _check_folder
+from .ablation import VARIANTS, check_variants, check_seeds, repo_root, to_markdown, check_folder
 
 # %% auto #0
 __all__ = ['AT_RISK', 'CONTROLS', 'RECIPES', 'AXES', 'GRIDS', 'REFERENCE', 'SCALING_VERSION', 'PAPER_TOKENS', 'PAPER_DRIFT',
@@ -215,7 +215,7 @@ def check_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, d
     out = Path(out_dir) if out_dir not in (None, '') else repo_root()/'results'/f'scaling-{key}'
     published = spec.publish and out_dir in (None, '')
     fig = Path(fig_dir) if fig_dir else (repo_root()/'figures'/f'scaling-{key}' if published else out/'figures')
-    _check_folder(out, 'out_dir'); _check_folder(fig, 'fig_dir')
+    check_folder(out, 'out_dir'); check_folder(fig, 'fig_dir')
     jobs = [Job(p, v, s, VARIANTS[v].config(p.config(base)).replace(seed=s), scaling_run_dir(out, p.name, v, s))
             for p in points for v in variants for s in seeds]
     return Plan(name, spec, base, points, jobs, out, fig, dev)
@@ -234,14 +234,14 @@ def measure_key(run_dir, data, tokens: int, radial_tokens: int) -> dict | None:
     "What a measurement of the run's newest checkpoint is keyed by (None when the run has no checkpoint)."
     ck = latest_checkpoint(run_dir)
     if ck is None: return None
-    return dict(version=SCALING_VERSION, diag_version=DIAG_VERSION, checkpoint=_checkpoint_id(ck), tokens=tokens,
+    return dict(version=SCALING_VERSION, diag_version=DIAG_VERSION, checkpoint=checkpoint_id(ck), tokens=tokens,
                 radial_tokens=radial_tokens, data=_ids(data)[1])
 
 def read_measure(run_dir, key: dict) -> dict | None:
     "The cached `scaling.json` of `run_dir` if it was written for `key`; None when missing, damaged or of another key."
     try: m = json.loads((Path(run_dir)/'scaling.json').read_text())
     except (OSError, ValueError): return None
-    return m if isinstance(m, dict) and key is not None and all(m.get(k) == v for k, v in key.items()) else None
+    return m if matches_key(m, key) else None
 
 def measure_run(run_dir, data, tokens: int = 16384, radial_tokens: int = 4096, device: str = 'cpu') -> dict:
     "Exits, per-loop norms and float64 radial fractions of a run's newest checkpoint on the first validation tokens (cached)."

@@ -4,7 +4,7 @@ import pytest, torch
 from looped_lm.config import load_preset
 from looped_lm.model import LoopedLM
 from looped_lm.train import train, latest_checkpoint
-from looped_lm.diagnostics import DIAG_VERSION, _checkpoint_id
+from looped_lm.diagnostics import DIAG_VERSION, checkpoint_id
 from safetensors.torch import load_file
 
 
@@ -34,7 +34,7 @@ def test_from_run_is_the_trained_model(run, smoke_data):
 
 def _write_report(run, **key):
     "A diagnostics.json with known final-loop numbers, keyed like `diagnose_run` keys it (overridden by `key`)."
-    key = {**dict(version=DIAG_VERSION, checkpoint=_checkpoint_id(latest_checkpoint(run))), **key}
+    key = {**dict(version=DIAG_VERSION, checkpoint=checkpoint_id(latest_checkpoint(run))), **key}
     (run/'diagnostics.json').write_text(json.dumps({**key, 'exits': {'validation': [{'k': 4, 'ppl': 321.5}]},
                                                     'norms': [{'k': 4, 'mean': 7.25}], 'radial': [{'k': 4, 'readout': 2.5e-7}]}))
 
