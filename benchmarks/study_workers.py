@@ -9,15 +9,18 @@ Both studies train the same (variant, seed) runs with the same total number of t
 tables must be identical (the runs are deterministic on CPU). Writes `results/study_workers.{json,md}` (or
 `_out/` for the smoke preset). Run it alone on the machine: other processes on the same cores change the ratio.
 """
+
 from __future__ import annotations
 import argparse, json, os, shutil, sys, tempfile, time
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_lib import RESULTS, SCRATCH, machine, write_json
 
 
 def run_study(preset, variants, seeds, workers, out_dir) -> dict:
     from looped_lm.ablation import run_ablation, write_tables
+
     t = time.perf_counter()
     records = run_ablation(preset, variants, seeds, out_dir, workers=workers, progress=False)
     dt = time.perf_counter() - t
@@ -31,30 +34,34 @@ def main():
     ap.add_argument('--variants', nargs='+', default=['perloop-rmsnorm', 'perloop-raw'])
     ap.add_argument('--seeds', nargs='+', type=int, default=[0])
     a = ap.parse_args()
-    out = RESULTS if a.preset == 'cpu' else SCRATCH/'study-workers'
+    out = RESULTS if a.preset == 'cpu' else SCRATCH / 'study-workers'
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix='study-workers-'))
     res = dict(machine=machine(), preset=a.preset, variants=a.variants, seeds=a.seeds, runs={})
     from looped_lm.config import load_preset
     from looped_lm.data import prepare_data
-    prepare_data(load_preset(a.preset), verbose=False)   # the token cache, built before either study is timed
+
+    prepare_data(load_preset(a.preset), verbose=False)  # the token cache, built before either study is timed
     try:
         for w in (1, 2):
-            res['runs'][f'workers={w}'] = run_study(a.preset, a.variants, a.seeds, w, scratch/f'w{w}')
+            res['runs'][f'workers={w}'] = run_study(a.preset, a.variants, a.seeds, w, scratch / f'w{w}')
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     r1, r2 = res['runs']['workers=1'], res['runs']['workers=2']
-    res['speedup'] = r1['seconds']/r2['seconds']
+    res['speedup'] = r1['seconds'] / r2['seconds']
     res['identical_tables'] = r1['table1'] == r2['table1']
-    write_json(out/'study_workers.json', res)
-    md = (f"# Parallel study: workers=2 vs workers=1\n\n{res['machine']['cpu']} ({res['machine']['cores']} cores), torch "
-          f"{res['machine']['torch']}, load {res['machine']['load_average_1min']:.2f} at the start.\n\n"
-          f"Preset `{a.preset}`, variants {', '.join(a.variants)}, seeds {a.seeds}, from empty results folders.\n\n"
-          f"| workers | seconds |\n|---:|---:|\n| 1 | {r1['seconds']:.1f} |\n| 2 | {r2['seconds']:.1f} |\n\n"
-          f"Speed-up {res['speedup']:.2f}x (goal >= 1.3x); Table 1 identical: {res['identical_tables']}.\n")
-    (out/'study_workers.md').write_text(md)
+    write_json(out / 'study_workers.json', res)
+    md = (
+        f"# Parallel study: workers=2 vs workers=1\n\n{res['machine']['cpu']} ({res['machine']['cores']} cores), torch "
+        f"{res['machine']['torch']}, load {res['machine']['load_average_1min']:.2f} at the start.\n\n"
+        f"Preset `{a.preset}`, variants {', '.join(a.variants)}, seeds {a.seeds}, from empty results folders.\n\n"
+        f"| workers | seconds |\n|---:|---:|\n| 1 | {r1['seconds']:.1f} |\n| 2 | {r2['seconds']:.1f} |\n\n"
+        f"Speed-up {res['speedup']:.2f}x (goal >= 1.3x); Table 1 identical: {res['identical_tables']}.\n"
+    )
+    (out / 'study_workers.md').write_text(md)
     print(md)
-    if not res['identical_tables']: sys.exit('workers=2 gave a different Table 1 than workers=1')
+    if not res['identical_tables']:
+        sys.exit('workers=2 gave a different Table 1 than workers=1')
 
 
 if __name__ == '__main__':

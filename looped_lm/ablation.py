@@ -28,6 +28,7 @@ __all__ = ['VARIANTS', 'GROUPS', 'RENAMED', 'FORMS', 'TABLES', 'CLAIMS', 'Varian
 @dataclass(frozen=True)
 class Variant:
     "A named set of trainer/model options (`overrides` of the preset); `group` is 'official' (the paper's Table 1) or 'extension' (ours)."
+
     name: str
     description: str
     group: str
@@ -39,69 +40,132 @@ class Variant:
         return base.replace(**ov)
 
     @property
-    def per_loop(self) -> bool: return self.overrides['loss'] == 'perloop'
+    def per_loop(self) -> bool:
+        return self.overrides['loss'] == 'perloop'
+
     @property
     def scale_visible(self) -> bool:
         "Some supervised readout sees the hidden scale (raw at some loop), or a penalty puts it in the loss."
         return self.overrides['readout'] in ('raw', 'final_norm') or self.overrides['norm_penalty'] != 0
+
     @property
     def scale_controlled(self) -> bool:
         "The scale is visible to the loss, or removed from the recurrent path (unit-RMS state between loops)."
         return self.scale_visible or self.overrides['recurrence'] == 'internorm'
+
     @property
-    def final_readout_normalized(self) -> bool: return self.overrides['readout'] != 'raw'
+    def final_readout_normalized(self) -> bool:
+        return self.overrides['readout'] != 'raw'
+
 
 def _v(name, group, description, loss, readout, penalty=0, recurrence='plain'):
-    return Variant(name, description, group, dict(loss=loss, readout=readout, norm_penalty=penalty, recurrence=recurrence))
+    return Variant(
+        name, description, group, dict(loss=loss, readout=readout, norm_penalty=penalty, recurrence=recurrence)
+    )
 
-VARIANTS = {v.name: v for v in [
-    _v('terminal-rmsnorm', 'official', 'terminal CE through an RMSNorm readout', 'terminal', 'rmsnorm'),
-    _v('terminal-raw', 'official', 'terminal CE through a raw readout', 'terminal', 'raw'),
-    _v('perloop-rmsnorm', 'official', 'per-loop CE through an RMSNorm readout: the at-risk setting', 'perloop', 'rmsnorm'),
-    _v('perloop-raw', 'official', 'per-loop CE through a raw readout: the loss sees the scale', 'perloop', 'raw'),
-    _v('perloop-finalnorm', 'official', 'per-loop CE, raw readout at loops k<K and RMSNorm at K', 'perloop', 'final_norm'),
-    _v('terminal-penalty', 'official', 'terminal CE, RMSNorm readout, plus the official norm penalty', 'terminal', 'rmsnorm', 'control'),
-    _v('perloop-penalty', 'official', 'per-loop CE, RMSNorm readout, plus the official norm penalty', 'perloop', 'rmsnorm', 'control'),
-    _v('internorm', 'extension', 'per-loop CE, RMSNorm readout, unit-RMS state fed between loops', 'perloop', 'rmsnorm', recurrence='internorm'),
-    _v('layernorm', 'extension', 'per-loop CE through a LayerNorm readout', 'perloop', 'layernorm'),
-]}
+
+VARIANTS = {
+    v.name: v
+    for v in [
+        _v('terminal-rmsnorm', 'official', 'terminal CE through an RMSNorm readout', 'terminal', 'rmsnorm'),
+        _v('terminal-raw', 'official', 'terminal CE through a raw readout', 'terminal', 'raw'),
+        _v(
+            'perloop-rmsnorm',
+            'official',
+            'per-loop CE through an RMSNorm readout: the at-risk setting',
+            'perloop',
+            'rmsnorm',
+        ),
+        _v('perloop-raw', 'official', 'per-loop CE through a raw readout: the loss sees the scale', 'perloop', 'raw'),
+        _v(
+            'perloop-finalnorm',
+            'official',
+            'per-loop CE, raw readout at loops k<K and RMSNorm at K',
+            'perloop',
+            'final_norm',
+        ),
+        _v(
+            'terminal-penalty',
+            'official',
+            'terminal CE, RMSNorm readout, plus the official norm penalty',
+            'terminal',
+            'rmsnorm',
+            'control',
+        ),
+        _v(
+            'perloop-penalty',
+            'official',
+            'per-loop CE, RMSNorm readout, plus the official norm penalty',
+            'perloop',
+            'rmsnorm',
+            'control',
+        ),
+        _v(
+            'internorm',
+            'extension',
+            'per-loop CE, RMSNorm readout, unit-RMS state fed between loops',
+            'perloop',
+            'rmsnorm',
+            recurrence='internorm',
+        ),
+        _v('layernorm', 'extension', 'per-loop CE through a LayerNorm readout', 'perloop', 'layernorm'),
+    ]
+}
 GROUPS = {g: [n for n, v in VARIANTS.items() if v.group == g] for g in ('official', 'extension')}
-RENAMED = {'norm-penalty': 'perloop-penalty', 'final-norm': 'perloop-finalnorm',
-           'scale-clamp': "no variant: the clamp modes are measured on every run (Table 4)"}
+RENAMED = {
+    'norm-penalty': 'perloop-penalty',
+    'final-norm': 'perloop-finalnorm',
+    'scale-clamp': "no variant: the clamp modes are measured on every run (Table 4)",
+}
 
 # %% ../nbs/05_ablation.ipynb #ae478dee
 def repo_root() -> Path:
     "The folder that holds `settings.ini` (the repository's top level)."
     return settings_path().resolve().parent
 
-FORMS = ("a Python list ([0, 1, 2]), a JSON/YAML list in a string ('[0, 1, 2]'), "
-         "a comma-separated string ('0, 1, 2') or a single value (0)")
+
+FORMS = (
+    "a Python list ([0, 1, 2]), a JSON/YAML list in a string ('[0, 1, 2]'), "
+    "a comma-separated string ('0, 1, 2') or a single value (0)"
+)
+
 
 def as_list(value, what: str) -> list:
     "`value` as a list, whichever of the accepted forms it came in (papermill's `-p` gives strings, `-y` and code lists)."
-    if isinstance(value, (list, tuple)): return list(value)
+    if isinstance(value, (list, tuple)):
+        return list(value)
     if isinstance(value, str):
         s = value.strip()
         if s.startswith('['):
-            try: parsed = yaml.safe_load(s)
-            except yaml.YAMLError: parsed = None
-            if not isinstance(parsed, list): raise ConfigError(f"{what}: cannot read {value!r} as a list. Accepted forms: {FORMS}.")
+            try:
+                parsed = yaml.safe_load(s)
+            except yaml.YAMLError:
+                parsed = None
+            if not isinstance(parsed, list):
+                raise ConfigError(f"{what}: cannot read {value!r} as a list. Accepted forms: {FORMS}.")
             return parsed
         return [p.strip() for p in s.split(',')] if ',' in s else [s]
-    if isinstance(value, (numbers.Number, type(None))) : return [value]
+    if isinstance(value, (numbers.Number, type(None))):
+        return [value]
     raise ConfigError(f"{what} must be {FORMS}; got a {type(value).__name__}: {value!r}.")
+
 
 def check_seeds(seeds, default: list) -> list:
     "Distinct non-negative integers below 2**32; `None` gives `default` (the preset's `seed_list`)."
-    if seeds is None: return list(default)
+    if seeds is None:
+        return list(default)
     items = [int(s) if isinstance(s, str) and s.isdigit() else s for s in as_list(seeds, 'seeds')]
     bad = [s for s in items if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 0 <= s < 2**32]
     if bad or not items:
-        raise ConfigError(f"seeds must be non-negative integers below 2**32, given as {FORMS}; got {seeds!r}"
-                          + (f" (not accepted: {bad})" if bad else ' (no seed)') + '.')
+        raise ConfigError(
+            f"seeds must be non-negative integers below 2**32, given as {FORMS}; got {seeds!r}"
+            + (f" (not accepted: {bad})" if bad else ' (no seed)')
+            + '.'
+        )
     if len(set(items)) < len(items):
         raise ConfigError(f"seeds {items} repeat a seed: one run would count twice. Give each seed once.")
     return [int(s) for s in items]
+
 
 def check_variants(variants) -> list:
     "Variant names in the official row order; 'all' (default), 'official' and 'extension' name groups."
@@ -109,67 +173,101 @@ def check_variants(variants) -> list:
     for n in as_list('all' if variants is None else variants, 'variants'):
         names += list(VARIANTS) if n == 'all' else GROUPS.get(n, [n])
     if not names:
-        raise ConfigError(f"variants {variants!r} selects no variant; name at least one of: {', '.join(VARIANTS)} (or 'all').")
+        raise ConfigError(
+            f"variants {variants!r} selects no variant; name at least one of: {', '.join(VARIANTS)} (or 'all')."
+        )
     old = {n: RENAMED[n] for n in names if n in RENAMED}
-    if old: raise ConfigError(f"Variant names changed: {', '.join(f'{a} -> {b}' for a, b in old.items())}.")
+    if old:
+        raise ConfigError(f"Variant names changed: {', '.join(f'{a} -> {b}' for a, b in old.items())}.")
     bad = [n for n in names if n not in VARIANTS]
-    if bad: raise ConfigError(f"Unknown variant(s) {bad}. Valid variants: {', '.join(VARIANTS)} (or 'all', 'official', 'extension').")
-    if len(set(names)) < len(names): raise ConfigError(f"variants {names} name a variant twice.")
+    if bad:
+        raise ConfigError(
+            f"Unknown variant(s) {bad}. Valid variants: {', '.join(VARIANTS)} (or 'all', 'official', 'extension')."
+        )
+    if len(set(names)) < len(names):
+        raise ConfigError(f"variants {names} name a variant twice.")
     return sorted(names, key=list(VARIANTS).index)
 
 # %% ../nbs/05_ablation.ipynb #171ecc3c
 @dataclass
 class Study:
     "A validated study: what to train and where everything goes. Nothing is created on disk until it runs."
+
     preset: str
     cfg: ExperimentConfig
     variants: list
     seeds: list
-    out_dir: Path      # runs live in out_dir/runs/<variant>-seed<seed>/, shared by every study of this out_dir
-    study_dir: Path    # records, tables, claims of this (variants, seeds)
+    out_dir: Path  # runs live in out_dir/runs/<variant>-seed<seed>/, shared by every study of this out_dir
+    study_dir: Path  # records, tables, claims of this (variants, seeds)
     fig_dir: Path
     workers: int
 
     @property
-    def runs(self) -> list: return [(v, s) for v in self.variants for s in self.seeds]
+    def runs(self) -> list:
+        return [(v, s) for v in self.variants for s in self.seeds]
+
     @property
-    def is_main(self) -> bool: return self.study_dir == self.out_dir
+    def is_main(self) -> bool:
+        return self.study_dir == self.out_dir
+
 
 def study_key(variants, seeds) -> str:
     "A folder name for a subset study: readable when short, hashed when long."
     key = f"{'+'.join(variants)}_seeds-{'-'.join(map(str, seeds))}"
-    return key if len(key) <= 80 else f"{len(variants)}variants-{len(seeds)}seeds-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    return (
+        key
+        if len(key) <= 80
+        else f"{len(variants)}variants-{len(seeds)}seeds-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    )
+
 
 def check_folder(p: Path, what: str):
     "Refuse a path that is a file, or lies under one, or whose nearest existing folder is not writable; creates nothing."
     for q in [p, *p.parents]:
         if q.exists():
-            if not q.is_dir(): raise ConfigError(f"{what} {p}: {q} is a file, not a folder. Pass a folder path for {what}.")
-            if not os.access(q, os.W_OK | os.X_OK): raise ConfigError(f"{what} {p} is not writable ({q}); pass a writable {what}.")
+            if not q.is_dir():
+                raise ConfigError(f"{what} {p}: {q} is a file, not a folder. Pass a folder path for {what}.")
+            if not os.access(q, os.W_OK | os.X_OK):
+                raise ConfigError(f"{what} {p} is not writable ({q}); pass a writable {what}.")
             return
+
 
 def default_workers(n_runs: int, device: str) -> int:
     "One worker per visible GPU; on CPU one per two cores (each with half the threads); never more than the runs."
-    if device.startswith('cuda'): n = torch.cuda.device_count()
-    else: n = len(os.sched_getaffinity(0)) // 2 if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1) // 2
+    if device.startswith('cuda'):
+        n = torch.cuda.device_count()
+    else:
+        n = len(os.sched_getaffinity(0)) // 2 if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1) // 2
     return max(1, min(n, n_runs))
 
-def check_params(preset='cpu', variants=None, seeds=None, out_dir=None, device='auto', fig_dir=None, workers=None) -> Study:
+
+def check_params(
+    preset='cpu', variants=None, seeds=None, out_dir=None, device='auto', fig_dir=None, workers=None
+) -> Study:
     "Every parameter of a study validated, and every path decided, before any folder is created."
     cfg = load_preset(preset)
-    if device not in ('auto', 'cpu', 'cuda'): raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}.")
-    if device != 'auto': cfg = cfg.replace(device=device)
+    if device not in ('auto', 'cpu', 'cuda'):
+        raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}.")
+    if device != 'auto':
+        cfg = cfg.replace(device=device)
     dev = resolve_device(cfg)  # GPU-only options without a GPU are refused here, with the override that fixes them
     names, seeds = check_variants(variants), check_seeds(seeds, cfg.seed_list)
     default_out = out_dir in (None, '')
-    out = repo_root()/'results'/preset if default_out else Path(out_dir)
+    out = repo_root() / 'results' / preset if default_out else Path(out_dir)
     main = names == list(VARIANTS) and seeds == cfg.seed_list
-    study_dir = out if main else out/f'study-{study_key(names, seeds)}'
-    fig = Path(fig_dir) if fig_dir else (repo_root()/'figures'/preset if main and default_out else study_dir/'figures')
-    check_folder(out, 'out_dir'); check_folder(fig, 'fig_dir')
-    n_runs = len(names)*len(seeds)
-    if workers is None: workers = default_workers(n_runs, dev.type)
-    if isinstance(workers, str) and workers.strip().isdigit(): workers = int(workers)
+    study_dir = out if main else out / f'study-{study_key(names, seeds)}'
+    fig = (
+        Path(fig_dir)
+        if fig_dir
+        else (repo_root() / 'figures' / preset if main and default_out else study_dir / 'figures')
+    )
+    check_folder(out, 'out_dir')
+    check_folder(fig, 'fig_dir')
+    n_runs = len(names) * len(seeds)
+    if workers is None:
+        workers = default_workers(n_runs, dev.type)
+    if isinstance(workers, str) and workers.strip().isdigit():
+        workers = int(workers)
     if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
         raise ConfigError(f"workers must be a positive integer (or None: what fits the machine), got {workers!r}.")
     return Study(preset, cfg, names, seeds, out, study_dir, fig, min(int(workers), n_runs))
@@ -177,114 +275,185 @@ def check_params(preset='cpu', variants=None, seeds=None, out_dir=None, device='
 # %% ../nbs/05_ablation.ipynb #bdb1aaf3
 def run_dir_of(out_dir, variant: str, seed: int) -> Path:
     "The run directory of (variant, seed): shared by every study that writes into `out_dir`."
-    return Path(out_dir)/'runs'/f"{variant}-seed{seed}"
+    return Path(out_dir) / 'runs' / f"{variant}-seed{seed}"
 
-_DATA = {}   # a worker's token data, loaded once from the parent's cache
+
+_DATA = {}  # a worker's token data, loaded once from the parent's cache
+
 
 def _run_one(job: dict) -> str:
     "Train (if needed) and diagnose one (variant, seed); in this process or in a worker. Returns its final state."
     label = f"{job['variant']} seed {job['seed']}"
     head, t0 = f"[{job['index']}/{job['total']}] {label}", time.time()
     data = job['data'] if job.get('data') is not None else _DATA.get(job['cfg'].name)
-    if data is None: data = _DATA[job['cfg'].name] = prepare_data(job['cfg'], data_dir=job['data_dir'], verbose=False)
+    if data is None:
+        data = _DATA[job['cfg'].name] = prepare_data(job['cfg'], data_dir=job['data_dir'], verbose=False)
     print(f"{head}: started", flush=True)
     try:
         train(job['cfg'], job['run_dir'], data=data, progress=job['progress'], label=label)
         diagnose_run(job['run_dir'], data, device=job['device'], max_batches=job['max_eval_batches'])
-        print(f"{head}: done in {time.time() - t0:.0f}s", flush=True); return 'done'
+        print(f"{head}: done in {time.time() - t0:.0f}s", flush=True)
+        return 'done'
     except TrainingError as e:
-        print(f"{head}: FAILED: {e}", flush=True); return 'failed'
+        print(f"{head}: FAILED: {e}", flush=True)
+        return 'failed'
+
 
 class _Lines:
     "A worker's stdout: every write goes to the parent, which prints it where the user is looking (terminal or notebook)."
-    def __init__(self, q): self.q = q
-    def write(self, s): self.q.put(s); return len(s)
-    def flush(self): pass
+
+    def __init__(self, q):
+        self.q = q
+
+    def write(self, s):
+        self.q.put(s)
+        return len(s)
+
+    def flush(self):
+        pass
+
 
 def _init_worker(lines, threads: int, gpus):
     sys.stdout = sys.stderr = _Lines(lines)
     torch.set_num_threads(threads)
-    if gpus is not None: torch.cuda.set_device(gpus.get())
+    if gpus is not None:
+        torch.cuda.set_device(gpus.get())
+
 
 def _drain(q):
     with contextlib.suppress(queue.Empty):
-        while True: sys.stdout.write(q.get_nowait())
+        while True:
+            sys.stdout.write(q.get_nowait())
+
 
 def _run_parallel(jobs: list, workers: int, device: str):
     "Run `jobs` in `workers` spawned processes, each with an equal share of this process's threads (or its own GPU)."
-    from looped_lm import ablation as mod   # the exported functions: what a spawned process can import
+    from looped_lm import ablation as mod  # the exported functions: what a spawned process can import
+
     ctx = mp.get_context('spawn')
     lines, gpus = ctx.Queue(), None
     if device.startswith('cuda') and torch.cuda.device_count() > 1:
         gpus = ctx.Queue()
-        for i in range(torch.cuda.device_count()): gpus.put(i)
+        for i in range(torch.cuda.device_count()):
+            gpus.put(i)
     threads = max(1, torch.get_num_threads() // workers)
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=mod._init_worker, initargs=(lines, threads, gpus)) as ex:
+    with ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=mod._init_worker, initargs=(lines, threads, gpus)
+    ) as ex:
         pending = {ex.submit(mod._run_one, {k: v for k, v in j.items() if k != 'data'}) for j in jobs}
         try:
             while pending:
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
                 _drain(lines)
-                for f in done: f.result()          # a worker's RunDirError or other mistake stops the study here
+                for f in done:
+                    f.result()  # a worker's RunDirError or other mistake stops the study here
         except BaseException:
-            for f in pending: f.cancel()
+            for f in pending:
+                f.cancel()
             raise
-        finally: _drain(lines)
+        finally:
+            _drain(lines)
 
 # %% ../nbs/05_ablation.ipynb #c02240a4
 def _train_radial(run_dir) -> float:
     "Final-loop radial fraction of the training objective, averaged over the last quarter of training."
     recs = [r for r in read_metrics(run_dir, 'train') if r.get('radial')]
-    tail = recs[len(recs)*3//4:] or recs
+    tail = recs[len(recs) * 3 // 4 :] or recs
     vals = [r['radial'][-1] for r in tail if r['radial'][-1] is not None]
     return float(np.mean(vals)) if vals else float('nan')
+
 
 def collect(out_dir, variants, seeds) -> list:
     "The records of a study rebuilt from its run directories alone: status, diagnostics and training radial fraction."
     records = []
     for v in check_variants(variants):
         for s in check_seeds(seeds, []):
-            rd = run_dir_of(out_dir, v, s); st = run_status(rd)
-            rec = dict(variant=v, seed=s, run_dir=str(rd), status=st.get('state', 'missing'), message=st.get('message', ''))
+            rd = run_dir_of(out_dir, v, s)
+            st = run_status(rd)
+            rec = dict(
+                variant=v, seed=s, run_dir=str(rd), status=st.get('state', 'missing'), message=st.get('message', '')
+            )
             if rec['status'] == 'done':
                 diag = current_report(rd)
-                if diag is None:   # missing, or written for another checkpoint or by other diagnostics: never read as a result
-                    rec.update(status='undiagnosed', message=f"{rd} has no diagnostics.json of version {DIAG_VERSION} for "
-                                                            f"its newest checkpoint: rerun the study.")
-                else: rec.update(diag=diag, radial_train=_train_radial(rd))
+                if (
+                    diag is None
+                ):  # missing, or written for another checkpoint or by other diagnostics: never read as a result
+                    rec.update(
+                        status='undiagnosed',
+                        message=f"{rd} has no diagnostics.json of version {DIAG_VERSION} for "
+                        f"its newest checkpoint: rerun the study.",
+                    )
+                else:
+                    rec.update(diag=diag, radial_train=_train_radial(rd))
             records.append(rec)
     return records
 
+
 def read_throughput(study_dir, key: dict = None) -> list | None:
     "The study-wide throughput per exit in `study_dir/throughput.json` (measured for `key`, if given); None when absent or damaged."
-    p = Path(study_dir)/'throughput.json'
-    try: t = json.loads(p.read_text())
-    except (OSError, ValueError): return None     # never measured, or a damaged file: measured again
+    p = Path(study_dir) / 'throughput.json'
+    try:
+        t = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None  # never measured, or a damaged file: measured again
     return t.get('exits') if isinstance(t, dict) and (key is None or t.get('key') == key) else None
+
 
 def study_throughput(st: Study, device: str, data) -> list:
     "Tokens/s per exit depth, measured once per study on validation windows (cached in `study_dir/throughput.json`)."
     key = dict(config=st.cfg.to_dict(), device=device)
-    if (exits := read_throughput(st.study_dir, key)) is not None: return exits
-    exits = exit_throughput(st.cfg, data.validation, batch_size=st.cfg.batch_size, seq_len=st.cfg.seq_len, device=device)
-    write_atomic(st.study_dir/'throughput.json', json.dumps(dict(key=key, exits=exits), indent=1))
+    if (exits := read_throughput(st.study_dir, key)) is not None:
+        return exits
+    exits = exit_throughput(
+        st.cfg, data.validation, batch_size=st.cfg.batch_size, seq_len=st.cfg.seq_len, device=device
+    )
+    write_atomic(st.study_dir / 'throughput.json', json.dumps(dict(key=key, exits=exits), indent=1))
     return exits
 
 # %% ../nbs/05_ablation.ipynb #0c9ad5cb
-def run_ablation(preset='cpu', variants=None, seeds=None, out_dir=None, device='auto', data_dir=None, workers=None,
-                 progress: bool = True, fig_dir=None, figures: bool = True, max_eval_batches: int = None) -> list:
+def run_ablation(
+    preset='cpu',
+    variants=None,
+    seeds=None,
+    out_dir=None,
+    device='auto',
+    data_dir=None,
+    workers=None,
+    progress: bool = True,
+    fig_dir=None,
+    figures: bool = True,
+    max_eval_batches: int = None,
+) -> list:
     "Train what is missing, diagnose every run, then (under the `out_dir` lock) write records, tables, claims and figures."
     st = check_params(preset, variants, seeds, out_dir, device, fig_dir, workers)
-    data = prepare_data(st.cfg, data_dir=data_dir)          # the token cache, built once, before any worker starts
+    data = prepare_data(st.cfg, data_dir=data_dir)  # the token cache, built once, before any worker starts
     dev = str(resolve_device(st.cfg))
-    jobs = [dict(index=i + 1, total=len(st.runs), variant=v, seed=s, cfg=VARIANTS[v].config(st.cfg).replace(seed=s),
-                 run_dir=run_dir_of(st.out_dir, v, s), data=data, data_dir=data_dir, device=dev,
-                 max_eval_batches=max_eval_batches, progress=progress) for i, (v, s) in enumerate(st.runs)]
-    print(f"study: {len(jobs)} runs of {preset} ({', '.join(st.variants)} x seeds {st.seeds}), {st.workers} worker(s); "
-          f"results in {st.study_dir}", flush=True)
+    jobs = [
+        dict(
+            index=i + 1,
+            total=len(st.runs),
+            variant=v,
+            seed=s,
+            cfg=VARIANTS[v].config(st.cfg).replace(seed=s),
+            run_dir=run_dir_of(st.out_dir, v, s),
+            data=data,
+            data_dir=data_dir,
+            device=dev,
+            max_eval_batches=max_eval_batches,
+            progress=progress,
+        )
+        for i, (v, s) in enumerate(st.runs)
+    ]
+    print(
+        f"study: {len(jobs)} runs of {preset} ({', '.join(st.variants)} x seeds {st.seeds}), {st.workers} worker(s); "
+        f"results in {st.study_dir}",
+        flush=True,
+    )
     if st.workers == 1:
-        for j in jobs: _run_one(j)
-    else: _run_parallel(jobs, st.workers, dev)
+        for j in jobs:
+            _run_one(j)
+    else:
+        _run_parallel(jobs, st.workers, dev)
     st.study_dir.mkdir(parents=True, exist_ok=True)
     with dir_lock(st.out_dir, what='study'):
         records = collect(st.out_dir, st.variants, st.seeds)
@@ -295,258 +464,447 @@ def run_ablation(preset='cpu', variants=None, seeds=None, out_dir=None, device='
 class MissingDiagnostic(KeyError):
     "A diagnostics report lacks what a table needs (an older report, or a diagnostic not written yet)."
 
+
 def dig(d, *path):
     "d[path[0]][path[1]]...; a `MissingDiagnostic` naming the path when a key or index is absent."
     for p in path:
-        try: d = d[p]
-        except (KeyError, IndexError, TypeError): raise MissingDiagnostic('.'.join(map(str, path))) from None
+        try:
+            d = d[p]
+        except (KeyError, IndexError, TypeError):
+            raise MissingDiagnostic('.'.join(map(str, path))) from None
     return d
 
-def _num(x) -> float: return float('nan') if x is None else float(x)
+
+def _num(x) -> float:
+    return float('nan') if x is None else float(x)
+
 
 def _agg(vals):
     vals = [v for v in vals if v is not None and np.isfinite(v)]
-    if not vals: return float('nan'), float('nan')
+    if not vals:
+        return float('nan'), float('nan')
     return float(np.mean(vals)), (float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0)
+
 
 def _table(records, row_fn, sub: str = None) -> pd.DataFrame:
     """One row per variant (or per (variant, `sub`) when `row_fn` returns {sub value: columns}), mean and sd over seeds
     in columns `c` and `c sd`; `seeds` counts the finished runs; a variant without one is `failed`."""
     by = {}
-    for r in sorted(records, key=lambda r: list(VARIANTS).index(r['variant'])): by.setdefault(r['variant'], []).append(r)
+    for r in sorted(records, key=lambda r: list(VARIANTS).index(r['variant'])):
+        by.setdefault(r['variant'], []).append(r)
     out = []
     for name, rs in by.items():
         ok = [r for r in rs if r['status'] == 'done']
-        if not ok: out.append(dict(variant=name, status=rs[0]['status'], seeds=0)); continue
+        if not ok:
+            out.append(dict(variant=name, status=rs[0]['status'], seeds=0))
+            continue
         per = [row_fn(r) if sub else {None: row_fn(r)} for r in ok]
         for key in per[0]:
-            row = dict(variant=name, **({sub: key} if sub else {}),
-                       status='done' if len(ok) == len(rs) else f'{len(rs) - len(ok)} failed', seeds=len(ok))
+            row = dict(
+                variant=name,
+                **({sub: key} if sub else {}),
+                status='done' if len(ok) == len(rs) else f'{len(rs) - len(ok)} failed',
+                seeds=len(ok),
+            )
             for col in per[0][key]:
                 row[col], row[col + ' sd'] = _agg([_num(p[key].get(col)) for p in per])
             out.append(row)
-    if not out: return pd.DataFrame(index=pd.Index([], name='variant'))
+    if not out:
+        return pd.DataFrame(index=pd.Index([], name='variant'))
     return pd.DataFrame(out).set_index(['variant', sub] if sub else 'variant')
 
-def _K(r) -> int: return len(dig(r, 'diag', 'exits', 'validation'))
-def _exit(r, split, k): return dig(r, 'diag', 'exits', split, k - 1)
+
+def _K(r) -> int:
+    return len(dig(r, 'diag', 'exits', 'validation'))
+
+
+def _exit(r, split, k):
+    return dig(r, 'diag', 'exits', split, k - 1)
+
 
 def table1(records) -> pd.DataFrame:
     "Drift and the blind spot at the final loop (the paper's Table 1, official row order)."
+
     def f(r):
         K, n, rad = _K(r), dig(r, 'diag', 'norms', -1), dig(r, 'diag', 'radial', -1)
-        return {'norm mean': n['mean'], 'norm p99': n['p99'], 'norm max': n['max'],
-                'radial (readout)': rad['readout'], 'radial predicted': rad.get('predicted'), 'radial (train)': r.get('radial_train'),
-                f'PPL@{K} val': _exit(r, 'validation', K)['ppl'], f'PPL@{K} test': _exit(r, 'test', K)['ppl'],
-                f'bpb@{K} val': _exit(r, 'validation', K).get('bpb'), f'bpb@{K} test': _exit(r, 'test', K).get('bpb')}
+        return {
+            'norm mean': n['mean'],
+            'norm p99': n['p99'],
+            'norm max': n['max'],
+            'radial (readout)': rad['readout'],
+            'radial predicted': rad.get('predicted'),
+            'radial (train)': r.get('radial_train'),
+            f'PPL@{K} val': _exit(r, 'validation', K)['ppl'],
+            f'PPL@{K} test': _exit(r, 'test', K)['ppl'],
+            f'bpb@{K} val': _exit(r, 'validation', K).get('bpb'),
+            f'bpb@{K} test': _exit(r, 'test', K).get('bpb'),
+        }
+
     return _table(records, f)
+
 
 def table2(records) -> pd.DataFrame:
     "Perplexity at every exit depth on validation and test, and bits per byte at K."
+
     def f(r):
         K = _K(r)
-        return {**{f"PPL@{k} val": _exit(r, 'validation', k)['ppl'] for k in range(1, K + 1)},
-                **{f"PPL@{k} test": _exit(r, 'test', k)['ppl'] for k in range(1, K + 1)},
-                f'bpb@{K} val': _exit(r, 'validation', K).get('bpb')}
+        return {
+            **{f"PPL@{k} val": _exit(r, 'validation', k)['ppl'] for k in range(1, K + 1)},
+            **{f"PPL@{k} test": _exit(r, 'test', k)['ppl'] for k in range(1, K + 1)},
+            f'bpb@{K} val': _exit(r, 'validation', K).get('bpb'),
+        }
+
     return _table(records, f)
+
 
 def throughput_table(exits) -> pd.DataFrame:
     "The study-wide tokens/s per exit depth (the same for every variant), with its spread and FLOPs per token."
-    return pd.DataFrame([{'exit': e['k'], 'tokens/s': e['tokens_per_s'], 'spread': e.get('spread'),
-                          'FLOPs/token': e.get('flops_per_token')} for e in exits]).set_index('exit')
+    return pd.DataFrame(
+        [
+            {
+                'exit': e['k'],
+                'tokens/s': e['tokens_per_s'],
+                'spread': e.get('spread'),
+                'FLOPs/token': e.get('flops_per_token'),
+            }
+            for e in exits
+        ]
+    ).set_index('exit')
 
 # %% ../nbs/05_ablation.ipynb #faab3ef3
 def table4(records) -> pd.DataFrame:
     "Radial-clamp modes (the paper's Table 4 columns), measured on every run; ‖H_K‖/‖H_1‖ shows the clamp's strength."
+
     def f(r):
-        cl = dig(r, 'diag', 'clamp'); none_K = dig(r, 'diag', 'clamp', 'none', -1)
-        return {mode: {'PPL K=1': rows[0]['ppl'], f'PPL K={len(rows)}': rows[-1]['ppl'],
-                       'norm_l2 K=1': rows[0]['norm_l2'], f'norm_l2 K={len(rows)}': rows[-1]['norm_l2'],
-                       'delta_ce vs none': rows[-1]['ce'] - none_K['ce'], 'PPL ratio vs none': rows[-1]['ppl']/none_K['ppl'],
-                       '‖H_K‖/‖H_1‖': rows[-1]['norm_l2']/rows[0]['norm_l2']}
-                for mode, rows in cl.items()}
+        cl = dig(r, 'diag', 'clamp')
+        none_K = dig(r, 'diag', 'clamp', 'none', -1)
+        return {
+            mode: {
+                'PPL K=1': rows[0]['ppl'],
+                f'PPL K={len(rows)}': rows[-1]['ppl'],
+                'norm_l2 K=1': rows[0]['norm_l2'],
+                f'norm_l2 K={len(rows)}': rows[-1]['norm_l2'],
+                'delta_ce vs none': rows[-1]['ce'] - none_K['ce'],
+                'PPL ratio vs none': rows[-1]['ppl'] / none_K['ppl'],
+                '‖H_K‖/‖H_1‖': rows[-1]['norm_l2'] / rows[0]['norm_l2'],
+            }
+            for mode, rows in cl.items()
+        }
+
     return _table(records, f, sub='mode')
+
 
 def table_scale(records) -> pd.DataFrame:
     "Final-readout perplexity with H_K multiplied by alpha: flat for a scale-invariant readout."
     return _table(records, lambda r: {f"PPL x{e['alpha']:g}": e['ppl'] for e in dig(r, 'diag', 'scale')})
 
+
 def table_lemma2(records) -> pd.DataFrame:
     "Lemma 2 beyond the training depth: the state's RMS s at loop K and at the last loop, and how constant ||du||*s stays."
+
     def f(r):
         rows, K = dig(r, 'diag', 'lemma2'), _K(r)
-        s = {e['k']: e['s'] for e in rows}; dus = np.array([e['du_times_s'] for e in rows], dtype=float)
+        s = {e['k']: e['s'] for e in rows}
+        dus = np.array([e['du_times_s'] for e in rows], dtype=float)
         last = max(s)
-        return {f's@{K}': s.get(K), f's@{last}': s[last], 'du*s mean': dus.mean(), 'du*s CV': dus.std()/abs(dus.mean())}
+        return {
+            f's@{K}': s.get(K),
+            f's@{last}': s[last],
+            'du*s mean': dus.mean(),
+            'du*s CV': dus.std() / abs(dus.mean()),
+        }
+
     return _table(records, f)
+
 
 def table_halting(records) -> pd.DataFrame:
     "Calibrated adaptive halting (the paper's Table 8): threshold chosen on one half of validation, scored on the other."
+
     def f(r):
-        return {f"{e['policy']}/{e['granularity']}": {'avg loops': e['avg_loops'], 'PPL ratio': e['ppl_ratio'],
-                                                     'speed-up': e.get('speedup')} for e in dig(r, 'diag', 'halting')}
+        return {
+            f"{e['policy']}/{e['granularity']}": {
+                'avg loops': e['avg_loops'],
+                'PPL ratio': e['ppl_ratio'],
+                'speed-up': e.get('speedup'),
+            }
+            for e in dig(r, 'diag', 'halting')
+        }
+
     return _table(records, f, sub='policy')
+
 
 def table_token_norms(records) -> pd.DataFrame:
     "Per-token ||H_K|| at the final loop (the paper's Table 10) with the Hill tail index (small = heavy tail)."
+
     def f(r):
         n = dig(r, 'diag', 'norms', -1)
         return {c: n.get(c) for c in ('mean', 'median', 'p99', 'max', 'sd', 'min', 'hill', 'tail_ratio')}
+
     return _table(records, f)
+
 
 def endpoint(r) -> dict:
     "One run's point of the endpoint picture: validation CE gap ln PPL@1 - ln PPL@K, log10 ||H_K||, log10 final readout radial fraction."
     K = _K(r)
-    return dict(gap=math.log(_exit(r, 'validation', 1)['ppl']) - math.log(_exit(r, 'validation', K)['ppl']),
-                log10_norm=math.log10(dig(r, 'diag', 'norms', -1, 'mean')),
-                log10_radial=math.log10(max(dig(r, 'diag', 'radial', -1, 'readout'), 1e-300)))
+    return dict(
+        gap=math.log(_exit(r, 'validation', 1)['ppl']) - math.log(_exit(r, 'validation', K)['ppl']),
+        log10_norm=math.log10(dig(r, 'diag', 'norms', -1, 'mean')),
+        log10_radial=math.log10(max(dig(r, 'diag', 'radial', -1, 'readout'), 1e-300)),
+    )
+
 
 _ENDPOINT_COLUMNS = dict(gap='CE gap (ln PPL@1 - ln PPL@K)', log10_norm='log10 ‖H_K‖', log10_radial='log10 radial')
+
 
 def table_endpoint(records) -> pd.DataFrame:
     "The endpoint picture: per variant, the CE gap from exit 1 to K against log ||H_K|| and log radial fraction."
     return _table(records, lambda r: {_ENDPOINT_COLUMNS[k]: v for k, v in endpoint(r).items()})
 
+
 def endpoint_correlations(points: list) -> dict:
     "Pearson and Spearman correlation of log10 radial fraction with log10 ||H_K|| over `points` (`endpoint` dicts, one per run)."
-    if len(points) < 3: return dict(runs=len(points), pearson=float('nan'), spearman=float('nan'))
+    if len(points) < 3:
+        return dict(runs=len(points), pearson=float('nan'), spearman=float('nan'))
     x, y = pd.Series([p['log10_radial'] for p in points]), pd.Series([p['log10_norm'] for p in points])
     return dict(runs=len(points), pearson=float(x.corr(y)), spearman=float(x.rank().corr(y.rank())))
 
+
 def table_endpoint_corr(records) -> pd.DataFrame:
     "`endpoint_correlations` across every finished run of the study, as a one-row table."
-    return pd.DataFrame([endpoint_correlations([endpoint(r) for r in records if r['status'] == 'done'])]).set_index('runs')
+    return pd.DataFrame([endpoint_correlations([endpoint(r) for r in records if r['status'] == 'done'])]).set_index(
+        'runs'
+    )
 
-TABLES = dict(table1=table1, table2=table2, table4_clamp=table4, scale=table_scale, lemma2=table_lemma2,
-              halting=table_halting, token_norms=table_token_norms, endpoint=table_endpoint, endpoint_corr=table_endpoint_corr)
+
+TABLES = dict(
+    table1=table1,
+    table2=table2,
+    table4_clamp=table4,
+    scale=table_scale,
+    lemma2=table_lemma2,
+    halting=table_halting,
+    token_norms=table_token_norms,
+    endpoint=table_endpoint,
+    endpoint_corr=table_endpoint_corr,
+)
 
 # %% ../nbs/05_ablation.ipynb #cdd85c40
 def _fmt(v):
-    if isinstance(v, str): return v
-    if v is None or not np.isfinite(v): return '–'
+    if isinstance(v, str):
+        return v
+    if v is None or not np.isfinite(v):
+        return '–'
     a = abs(v)
     return f"{v:.2e}" if (a and (a < 1e-2 or a >= 1e8)) else (f"{v:,.0f}" if a >= 1000 else f"{v:.3g}")
 
+
 def _cell(m, sd, n) -> str:
-    if isinstance(m, str): return m
-    if m is None or not np.isfinite(m): return '–'
+    if isinstance(m, str):
+        return m
+    if m is None or not np.isfinite(m):
+        return '–'
     return _fmt(m) + (f" ± {_fmt(sd)}" if n and n > 1 and sd is not None and np.isfinite(sd) else '')
+
 
 def display_frame(df: pd.DataFrame) -> pd.DataFrame:
     "Cells as strings: `mean ± sd` wherever a row has more than one seed; `seeds` is the number of finished runs."
     cols = [c for c in df.columns if not c.endswith(' sd')]
-    rows = [{c: (str(int(row[c])) if c == 'seeds' and pd.notna(row[c]) else _cell(row[c], row.get(c + ' sd'), row.get('seeds')))
-             for c in cols} for _, row in df.iterrows()]
+    rows = [
+        {
+            c: (
+                str(int(row[c]))
+                if c == 'seeds' and pd.notna(row[c])
+                else _cell(row[c], row.get(c + ' sd'), row.get('seeds'))
+            )
+            for c in cols
+        }
+        for _, row in df.iterrows()
+    ]
     return pd.DataFrame(rows, index=df.index, columns=cols)
 
-def _label(i) -> str: return ' / '.join(map(str, i)) if isinstance(i, tuple) else str(i)
-def _md(s) -> str: return str(s).replace('|', r'\|')   # a pipe inside a Markdown cell would split it
+
+def _label(i) -> str:
+    return ' / '.join(map(str, i)) if isinstance(i, tuple) else str(i)
+
+
+def _md(s) -> str:
+    return str(s).replace('|', r'\|')  # a pipe inside a Markdown cell would split it
+
 
 def to_markdown(df: pd.DataFrame) -> str:
     d, name = display_frame(df), ' / '.join(n or '' for n in df.index.names)
     head = f'| {name} | ' + ' | '.join(map(_md, d.columns)) + ' |'
     rows = ['| ' + ' | '.join([_md(_label(i))] + [_md(x) for x in r]) + ' |' for i, r in zip(d.index, d.values)]
-    return '\n'.join([head, '|' + '---|'*(len(d.columns) + 1)] + rows) + '\n'
+    return '\n'.join([head, '|' + '---|' * (len(d.columns) + 1)] + rows) + '\n'
+
 
 def to_latex(df: pd.DataFrame) -> str:
     d = display_frame(df)
     esc = lambda s: str(s).replace('±', r'$\pm$').replace('%', r'\%').replace('_', r'\_').replace('‖', r'$\|$')
-    lines = [r'\begin{tabular}{l' + 'r'*len(d.columns) + '}', r'\toprule',
-             ' & '.join([esc(' / '.join(n or '' for n in df.index.names))] + [esc(c) for c in d.columns]) + r' \\', r'\midrule']
+    lines = [
+        r'\begin{tabular}{l' + 'r' * len(d.columns) + '}',
+        r'\toprule',
+        ' & '.join([esc(' / '.join(n or '' for n in df.index.names))] + [esc(c) for c in d.columns]) + r' \\',
+        r'\midrule',
+    ]
     lines += [' & '.join([esc(_label(i))] + [esc(x) for x in r]) + r' \\' for i, r in zip(d.index, d.values)]
     return '\n'.join(lines + [r'\bottomrule', r'\end{tabular}']) + '\n'
+
 
 def build_tables(records, throughput=None) -> tuple:
     "({name: DataFrame}, {name: why it was skipped}): a table whose diagnostics are missing is skipped, never fatal."
     tables, skipped = {}, {}
     for name, f in TABLES.items():
-        try: tables[name] = f(records)
-        except MissingDiagnostic as e: skipped[name] = f"the diagnostics reports lack {e.args[0]}"
-    if throughput: tables['throughput'] = throughput_table(throughput)
-    else: skipped['throughput'] = 'no study-wide throughput measurement'
+        try:
+            tables[name] = f(records)
+        except MissingDiagnostic as e:
+            skipped[name] = f"the diagnostics reports lack {e.args[0]}"
+    if throughput:
+        tables['throughput'] = throughput_table(throughput)
+    else:
+        skipped['throughput'] = 'no study-wide throughput measurement'
     return tables, skipped
+
 
 def write_tables(records, study_dir, throughput=None) -> dict:
     "Every table as CSV (all columns, sd included), Markdown and LaTeX in `study_dir/tables/`, each written atomically."
-    tdir = Path(study_dir)/'tables'; tdir.mkdir(parents=True, exist_ok=True)
+    tdir = Path(study_dir) / 'tables'
+    tdir.mkdir(parents=True, exist_ok=True)
     tables, skipped = build_tables(records, throughput)
     for n, df in tables.items():
-        for ext, text in (('csv', df.to_csv()), ('md', to_markdown(df)), ('tex', to_latex(df))): write_atomic(tdir/f'{n}.{ext}', text)
+        for ext, text in (('csv', df.to_csv()), ('md', to_markdown(df)), ('tex', to_latex(df))):
+            write_atomic(tdir / f'{n}.{ext}', text)
     for n, why in skipped.items():
         print(f"note: table {n} skipped: {why}")
-        for ext in ('csv', 'md', 'tex'): (tdir/f'{n}.{ext}').unlink(missing_ok=True)   # no stale table beside fresh ones
-    write_atomic(tdir/'skipped.md', ''.join(f"- {n}: {why}\n" for n, why in skipped.items()))
+        for ext in ('csv', 'md', 'tex'):
+            (tdir / f'{n}.{ext}').unlink(missing_ok=True)  # no stale table beside fresh ones
+    write_atomic(tdir / 'skipped.md', ''.join(f"- {n}: {why}\n" for n, why in skipped.items()))
     return tables
 
 # %% ../nbs/05_ablation.ipynb #41a37bd4
 def measures(rec) -> dict:
     "The numbers the claims read from one finished run (a value its diagnostics lack is simply absent)."
     out, d = {}, rec.get('diag', {})
+
     def put(key, f):
-        try: out[key] = float(f())
-        except (MissingDiagnostic, TypeError, ValueError, ZeroDivisionError): pass
-    for c in ('mean', 'median', 'hill'): put(c, lambda c=c: dig(d, 'norms', -1, c))
+        try:
+            out[key] = float(f())
+        except (MissingDiagnostic, TypeError, ValueError, ZeroDivisionError):
+            pass
+
+    for c in ('mean', 'median', 'hill'):
+        put(c, lambda c=c: dig(d, 'norms', -1, c))
     put('radial', lambda: dig(d, 'radial', -1, 'readout'))
     ex = d.get('exits', {}).get('validation', [])
-    for e in ex: put(f"ppl@{e['k']}", lambda e=e: e['ppl'])
-    if ex: put('gain', lambda: math.log(ex[0]['ppl']) - math.log(ex[-1]['ppl']))
+    for e in ex:
+        put(f"ppl@{e['k']}", lambda e=e: e['ppl'])
+    if ex:
+        put('gain', lambda: math.log(ex[0]['ppl']) - math.log(ex[-1]['ppl']))
     for mode in ('freeze_loop1', 'remove_radial'):
-        put(f'clamp {mode}', lambda mode=mode: dig(d, 'clamp', mode, -1, 'ppl')/dig(d, 'clamp', 'none', -1, 'ppl'))
+        put(f'clamp {mode}', lambda mode=mode: dig(d, 'clamp', mode, -1, 'ppl') / dig(d, 'clamp', 'none', -1, 'ppl'))
     return out
+
 
 def _vals(m, names, key):
     "`key` of every variant in `names`, or None when one of them lacks it (a claim over a group needs every member)."
     vs = [m.get(n, {}).get(key) for n in names]
     return None if not names or any(v is None or not np.isfinite(v) for v in vs) else vs
 
+
 def _roles(names, per_loop_only=False) -> tuple:
     "(at-risk, scale-controlled) variants among `names`: at-risk = every supervised readout scale-invariant, plain recurrence, no penalty."
     ns = [n for n in names if VARIANTS[n].per_loop or not per_loop_only]
     return [n for n in ns if not VARIANTS[n].scale_controlled], [n for n in ns if VARIANTS[n].scale_controlled]
 
+
 def _c1(m, names):
-    at, ctl = _roles(names); a, c = _vals(m, at, 'mean'), _vals(m, ctl, 'mean')
-    if a is None or c is None: return None
-    r = min(a)/max(c); return dict(numbers={'min ‖H_K‖ at-risk': min(a), 'max ‖H_K‖ controlled': max(c), 'ratio': r}, holds=r >= 5)
+    at, ctl = _roles(names)
+    a, c = _vals(m, at, 'mean'), _vals(m, ctl, 'mean')
+    if a is None or c is None:
+        return None
+    r = min(a) / max(c)
+    return dict(numbers={'min ‖H_K‖ at-risk': min(a), 'max ‖H_K‖ controlled': max(c), 'ratio': r}, holds=r >= 5)
+
 
 def _c2(m, names):
-    nrm = [n for n in names if VARIANTS[n].final_readout_normalized]; raw = [n for n in names if n not in nrm]
+    nrm = [n for n in names if VARIANTS[n].final_readout_normalized]
+    raw = [n for n in names if n not in nrm]
     a, c = _vals(m, nrm, 'radial'), _vals(m, raw, 'radial')
-    if a is None or c is None: return None
-    return dict(numbers={'max radial normalized': max(a), 'min radial raw': min(c)}, holds=max(a) <= 1e-4 and min(c) >= 1e-2)
+    if a is None or c is None:
+        return None
+    return dict(
+        numbers={'max radial normalized': max(a), 'min radial raw': min(c)}, holds=max(a) <= 1e-4 and min(c) >= 1e-2
+    )
+
 
 def _c3(m, names):
-    at, ctl = _roles(names, per_loop_only=True); a, c = _vals(m, at, 'gain'), _vals(m, ctl, 'gain')
-    if a is None or c is None: return None
-    need = max(3*max(max(a), 0), 0.01)
+    at, ctl = _roles(names, per_loop_only=True)
+    a, c = _vals(m, at, 'gain'), _vals(m, ctl, 'gain')
+    if a is None or c is None:
+        return None
+    need = max(3 * max(max(a), 0), 0.01)
     return dict(numbers={'max gain at-risk (nats)': max(a), 'min gain controlled (nats)': min(c)}, holds=min(c) >= need)
+
 
 def _c4(m, names):
     at, _ = _roles(names, per_loop_only=True)
     r = [x for mode in ('freeze_loop1', 'remove_radial') for x in (_vals(m, at, f'clamp {mode}') or [None])]
-    if not at or None in r: return None
-    dev = max(abs(x - 1) for x in r); return dict(numbers={'max |PPL ratio - 1|': dev}, holds=dev <= 0.01)
+    if not at or None in r:
+        return None
+    dev = max(abs(x - 1) for x in r)
+    return dict(numbers={'max |PPL ratio - 1|': dev}, holds=dev <= 0.01)
+
 
 def _c5(m, names):
-    at, ctl = _roles(names); a, c, h = _vals(m, at, 'median'), _vals(m, ctl, 'median'), _vals(m, at, 'hill')
-    if a is None or c is None or h is None: return None
-    r = min(a)/max(c)
+    at, ctl = _roles(names)
+    a, c, h = _vals(m, at, 'median'), _vals(m, ctl, 'median'), _vals(m, at, 'hill')
+    if a is None or c is None or h is None:
+        return None
+    r = min(a) / max(c)
     return dict(numbers={'median ratio': r, 'max Hill at-risk': max(h)}, holds=r >= 5 and max(h) <= 10)
+
 
 def _c6(m, names):
     at, ctl = _roles(names, per_loop_only=True)
     ks = sorted({int(k[4:]) for n in at + ctl for k in m.get(n, {}) if k.startswith('ppl@')})
-    ratios = [(lambda a, c: None if a is None or c is None else max(c)/min(a))(_vals(m, at, f'ppl@{k}'), _vals(m, ctl, f'ppl@{k}')) for k in ks]
-    if not at or not ctl or not ks or None in ratios: return None
+    ratios = [
+        (lambda a, c: None if a is None or c is None else max(c) / min(a))(
+            _vals(m, at, f'ppl@{k}'), _vals(m, ctl, f'ppl@{k}')
+        )
+        for k in ks
+    ]
+    if not at or not ctl or not ks or None in ratios:
+        return None
     return dict(numbers={'max PPL ratio controlled/at-risk': max(ratios)}, holds=max(ratios) <= 0.99)
 
+
 CLAIMS = {
-    'C1': ('drift', 'every variant whose supervised readouts are all scale-invariant ends with a mean ‖H_K‖ >= 5x that of every scale-controlled variant', _c1),
-    'C2': ('blind spot', 'every normalized final readout passes a radial gradient fraction <= 1e-4, every raw one >= 1e-2', _c2),
-    'C3': ('K-invariance', 'per-loop variants: every scale-controlled one gains >= 3x (and >= 0.01 nats) more from exit 1 to K than any at-risk one', _c3),
+    'C1': (
+        'drift',
+        'every variant whose supervised readouts are all scale-invariant ends with a mean ‖H_K‖ >= 5x that of every scale-controlled variant',
+        _c1,
+    ),
+    'C2': (
+        'blind spot',
+        'every normalized final readout passes a radial gradient fraction <= 1e-4, every raw one >= 1e-2',
+        _c2,
+    ),
+    'C3': (
+        'K-invariance',
+        'per-loop variants: every scale-controlled one gains >= 3x (and >= 0.01 nats) more from exit 1 to K than any at-risk one',
+        _c3,
+    ),
     'C4': ('clamp', 'both clamp modes change every at-risk per-loop variant\'s PPL@K by <= 1%', _c4),
-    'C5': ('per-token heavy tail', 'at-risk median token norm >= 5x every scale-controlled one, and Hill tail index <= 10', _c5),
-    'C6': ('frontier', 'per-loop: every scale-controlled variant reaches a PPL <= 0.99x every at-risk one at every matched exit', _c6),
+    'C5': (
+        'per-token heavy tail',
+        'at-risk median token norm >= 5x every scale-controlled one, and Hill tail index <= 10',
+        _c5,
+    ),
+    'C6': (
+        'frontier',
+        'per-loop: every scale-controlled variant reaches a PPL <= 0.99x every at-risk one at every matched exit',
+        _c6,
+    ),
 }
 
 # %% ../nbs/05_ablation.ipynb #acac9aa8
@@ -554,7 +912,8 @@ def _views(records) -> dict:
     "{'mean': {variant: seed-mean measures}, seed: {variant: measures}}; failed runs are absent."
     per = {}
     for r in records:
-        if r['status'] == 'done': per.setdefault(r['seed'], {})[r['variant']] = measures(r)
+        if r['status'] == 'done':
+            per.setdefault(r['seed'], {})[r['variant']] = measures(r)
     seeds = sorted({r['seed'] for r in records})
     mean = {}
     for v in {r['variant'] for r in records}:
@@ -563,10 +922,14 @@ def _views(records) -> dict:
         mean[v] = {k: float(np.mean([x[k] for x in runs if k in x])) for k in keys}
     return {'mean': mean, **{s: per.get(s, {}) for s in seeds}}
 
+
 def _verdict(mean_holds, held: int, n: int) -> str:
-    if mean_holds is None: return 'not measured'
-    if mean_holds and held == n: return 'reproduced'
+    if mean_holds is None:
+        return 'not measured'
+    if mean_holds and held == n:
+        return 'reproduced'
     return 'partly' if mean_holds or held else 'not reproduced at this scale'
+
 
 def claims(records) -> dict:
     "C1-C6 over every variant of the study they speak of: numbers on the seed mean, the seeds each holds in, a verdict."
@@ -577,27 +940,49 @@ def claims(records) -> dict:
         mean, seeds = res.pop('mean'), res
         held = sum(bool(r and r['holds']) for r in seeds.values())
         at, ctl = _roles(names, per_loop_only=cid in ('C3', 'C4', 'C6'))
-        out[cid] = dict(title=title, statement=statement, at_risk=at, controlled=ctl,
-                        numbers=mean['numbers'] if mean else {}, holds_on_mean=mean['holds'] if mean else None,
-                        per_seed={str(s): (r['holds'] if r else None) for s, r in seeds.items()},
-                        seeds_held=f"{held}/{len(seeds)}", verdict=_verdict(mean['holds'] if mean else None, held, len(seeds)))
+        out[cid] = dict(
+            title=title,
+            statement=statement,
+            at_risk=at,
+            controlled=ctl,
+            numbers=mean['numbers'] if mean else {},
+            holds_on_mean=mean['holds'] if mean else None,
+            per_seed={str(s): (r['holds'] if r else None) for s, r in seeds.items()},
+            seeds_held=f"{held}/{len(seeds)}",
+            verdict=_verdict(mean['holds'] if mean else None, held, len(seeds)),
+        )
     return out
+
 
 def claims_markdown(cl: dict) -> str:
     "The claims as a Markdown table: statement, numbers on the seed mean, seeds it holds in, verdict."
-    rows = [f"| {c} {v['title']} | {_md(v['statement'])} | " + ', '.join(f"{_md(k)} {_fmt(x)}" for k, x in v['numbers'].items())
-            + f" | {v['seeds_held']} | {v['verdict']} |" for c, v in cl.items()]
-    return '\n'.join(['| claim | holds when | measured (seed mean) | seeds | verdict |', '|---|---|---|---|---|', *rows]) + '\n'
+    rows = [
+        f"| {c} {v['title']} | {_md(v['statement'])} | "
+        + ', '.join(f"{_md(k)} {_fmt(x)}" for k, x in v['numbers'].items())
+        + f" | {v['seeds_held']} | {v['verdict']} |"
+        for c, v in cl.items()
+    ]
+    return (
+        '\n'.join(['| claim | holds when | measured (seed mean) | seeds | verdict |', '|---|---|---|---|---|', *rows])
+        + '\n'
+    )
+
 
 def publish(records, st: Study, throughput=None, figures: bool = True):
     "records.json, the tables, claims.json/claims.md into `study_dir` and the figures into `fig_dir` (call under the out_dir lock)."
     sweep_stale_tmp(st.study_dir)
-    write_atomic(st.study_dir/'records.json', json.dumps([{k: v for k, v in r.items() if k != 'diag'} for r in records], indent=1))
-    write_atomic(st.study_dir/'study.json', json.dumps(dict(preset=st.preset, variants=st.variants, seeds=st.seeds), indent=1))
+    write_atomic(
+        st.study_dir / 'records.json',
+        json.dumps([{k: v for k, v in r.items() if k != 'diag'} for r in records], indent=1),
+    )
+    write_atomic(
+        st.study_dir / 'study.json', json.dumps(dict(preset=st.preset, variants=st.variants, seeds=st.seeds), indent=1)
+    )
     write_tables(records, st.study_dir, throughput)
     cl = claims(records)
-    write_atomic(st.study_dir/'claims.json', json.dumps(cl, indent=1))
-    write_atomic(st.study_dir/'claims.md', claims_markdown(cl))
+    write_atomic(st.study_dir / 'claims.json', json.dumps(cl, indent=1))
+    write_atomic(st.study_dir / 'claims.md', claims_markdown(cl))
     if figures and any(r['status'] == 'done' for r in records):
         from looped_lm.figures import make_figures
+
         make_figures(st.out_dir, st.fig_dir, variants=st.variants, seeds=st.seeds)

@@ -29,59 +29,61 @@ TOKENIZERS = ('bpe', 'regex')  # byte-level BPE or the official word-level regex
 @dataclass(frozen=True)
 class ExperimentConfig:
     "One experiment: model, data, budget, objective, optimiser and run settings (one section of `settings.ini`)."
+
     name: str = 'custom'
     # model
-    vocab_size: int = 512          # tokenizer vocabulary size (fitted on the corpus)
-    d_model: int = 64              # width of the residual stream
-    n_layers: int = 1              # L: decoder blocks in the shared stack
-    n_heads: int = 2               # attention heads
-    mlp_ratio: float = 4.0         # MLP hidden width / d_model (hidden = int(mlp_ratio * d_model))
-    max_seq_len: int = 64          # context of the learned position embedding
-    K: int = 4                     # loops: applications of the shared stack
-    readout: str = 'rmsnorm'       # one of READOUTS
-    recurrence: str = 'plain'      # one of RECURRENCES
-    tie_weights: bool = True       # output head shares the token embedding
-    norm_eps: float = 1e-6         # epsilon of every norm
-    mlp: str = 'gelu'              # one of MLPS: GELU MLP or SwiGLU (official recipe)
-    dropout: float = 0.0           # dropout after the embedding sum, on attention probabilities and on the MLP output
-    init: str = 'gpt2'             # one of INITS: GPT-2 style N(0, 0.02) or PyTorch defaults (official recipe)
+    vocab_size: int = 512  # tokenizer vocabulary size (fitted on the corpus)
+    d_model: int = 64  # width of the residual stream
+    n_layers: int = 1  # L: decoder blocks in the shared stack
+    n_heads: int = 2  # attention heads
+    mlp_ratio: float = 4.0  # MLP hidden width / d_model (hidden = int(mlp_ratio * d_model))
+    max_seq_len: int = 64  # context of the learned position embedding
+    K: int = 4  # loops: applications of the shared stack
+    readout: str = 'rmsnorm'  # one of READOUTS
+    recurrence: str = 'plain'  # one of RECURRENCES
+    tie_weights: bool = True  # output head shares the token embedding
+    norm_eps: float = 1e-6  # epsilon of every norm
+    mlp: str = 'gelu'  # one of MLPS: GELU MLP or SwiGLU (official recipe)
+    dropout: float = 0.0  # dropout after the embedding sum, on attention probabilities and on the MLP output
+    init: str = 'gpt2'  # one of INITS: GPT-2 style N(0, 0.02) or PyTorch defaults (official recipe)
     # objective
-    loss: str = 'perloop'          # one of LOSSES
-    norm_penalty: float = 0.0      # lambda of lambda * (1/K) sum_k mean over all elements of H_k^2 (official penalty)
+    loss: str = 'perloop'  # one of LOSSES
+    norm_penalty: float = 0.0  # lambda of lambda * (1/K) sum_k mean over all elements of H_k^2 (official penalty)
     control_norm_penalty: float = 0.01  # the lambda the ablation's norm-penalty conditions use
     # data
     corpus: str = 'wikitext-2-v1'  # a CORPORA name (Hub) or any [A-Za-z0-9._-]+ name with a local copy
-    tokenizer: str = 'bpe'         # one of TOKENIZERS
-    min_freq: int = 2              # regex tokenizer: minimum count of a kept token
-    max_train_lines: int = 0       # use only the first lines of the train split (0: all)
-    seq_len: int = 32              # training and evaluation window
-    stride: int = 0                # training windows: 0 = random windows; > 0 = a window every `stride` tokens, shuffled per epoch
-    batch_size: int = 8            # sequences per step (global, over all ranks)
-    train_tokens: int = 24576      # token budget: steps = train_tokens // (batch_size * seq_len)
+    tokenizer: str = 'bpe'  # one of TOKENIZERS
+    min_freq: int = 2  # regex tokenizer: minimum count of a kept token
+    max_train_lines: int = 0  # use only the first lines of the train split (0: all)
+    seq_len: int = 32  # training and evaluation window
+    stride: int = 0  # training windows: 0 = random windows; > 0 = a window every `stride` tokens, shuffled per epoch
+    batch_size: int = 8  # sequences per step (global, over all ranks)
+    train_tokens: int = 24576  # token budget: steps = train_tokens // (batch_size * seq_len)
     # optimiser
-    lr: float = 1e-3               # peak learning rate
-    schedule: str = 'cosine'       # one of SCHEDULES: warmup then cosine, or constant (no warmup, no decay)
-    min_lr_ratio: float = 0.1      # cosine decays to min_lr_ratio * lr
-    warmup_steps: int = 100        # linear warmup
-    weight_decay: float = 0.1      # AdamW decoupled weight decay on matrices
+    lr: float = 1e-3  # peak learning rate
+    schedule: str = 'cosine'  # one of SCHEDULES: warmup then cosine, or constant (no warmup, no decay)
+    min_lr_ratio: float = 0.1  # cosine decays to min_lr_ratio * lr
+    warmup_steps: int = 100  # linear warmup
+    weight_decay: float = 0.1  # AdamW decoupled weight decay on matrices
     beta1: float = 0.9
     beta2: float = 0.95
-    grad_clip: float = 1.0         # max global gradient norm (0: no clipping)
-    decay_embeddings: bool = False # apply weight decay to embeddings too
-    decay_norms: bool = False      # apply weight decay to norm gains too
-    decay_all: bool = False        # one AdamW group: weight decay on every parameter (official recipe)
+    grad_clip: float = 1.0  # max global gradient norm (0: no clipping)
+    decay_embeddings: bool = False  # apply weight decay to embeddings too
+    decay_norms: bool = False  # apply weight decay to norm gains too
+    decay_all: bool = False  # one AdamW group: weight decay on every parameter (official recipe)
     # run
     seed: int = 0
-    seeds: str = ''                # a study's default seeds, e.g. '42, 101, 202' ('' = [seed])
-    log_every: int = 10            # steps between metric records (norms, radial fractions)
-    ckpt_every: int = 200          # steps between checkpoints
-    eval_batches: int = 20         # validation batches per evaluation
-    dtype: str = 'float32'         # one of DTYPES; bfloat16 is autocast
-    compile: bool = False          # torch.compile the model
-    ce_chunk: int = 0              # tokens per chunk of the chunked readout/CE (0: unchunked)
-    device: str = 'auto'           # one of DEVICES
+    seeds: str = ''  # a study's default seeds, e.g. '42, 101, 202' ('' = [seed])
+    log_every: int = 10  # steps between metric records (norms, radial fractions)
+    ckpt_every: int = 200  # steps between checkpoints
+    eval_batches: int = 20  # validation batches per evaluation
+    dtype: str = 'float32'  # one of DTYPES; bfloat16 is autocast
+    compile: bool = False  # torch.compile the model
+    ce_chunk: int = 0  # tokens per chunk of the chunked readout/CE (0: unchunked)
+    device: str = 'auto'  # one of DEVICES
 
-    def __post_init__(self): validate(self)
+    def __post_init__(self):
+        validate(self)
 
     @property
     def steps(self) -> int:
@@ -98,40 +100,94 @@ class ExperimentConfig:
         _check_keys(kw)
         return dataclasses.replace(self, **kw)
 
-    def to_dict(self) -> dict: return dataclasses.asdict(self)
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 # %% ../nbs/00a_config.ipynb #6e0114d6
 class ConfigError(ValueError):
     "A preset, key or value that cannot be used."
 
-_CHOICES = dict(readout=READOUTS, recurrence=RECURRENCES, loss=LOSSES, dtype=DTYPES, device=DEVICES,
-                mlp=MLPS, init=INITS, schedule=SCHEDULES, tokenizer=TOKENIZERS)
-_POSITIVE = ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'mlp_ratio', 'max_seq_len', 'K', 'seq_len', 'batch_size',
-             'train_tokens', 'lr', 'norm_eps', 'log_every', 'ckpt_every', 'eval_batches', 'min_freq')
-_NONNEGATIVE = ('norm_penalty', 'control_norm_penalty', 'max_train_lines', 'min_lr_ratio', 'warmup_steps', 'weight_decay',
-                'grad_clip', 'ce_chunk', 'seed', 'stride', 'dropout')
+
+_CHOICES = dict(
+    readout=READOUTS,
+    recurrence=RECURRENCES,
+    loss=LOSSES,
+    dtype=DTYPES,
+    device=DEVICES,
+    mlp=MLPS,
+    init=INITS,
+    schedule=SCHEDULES,
+    tokenizer=TOKENIZERS,
+)
+_POSITIVE = (
+    'vocab_size',
+    'd_model',
+    'n_layers',
+    'n_heads',
+    'mlp_ratio',
+    'max_seq_len',
+    'K',
+    'seq_len',
+    'batch_size',
+    'train_tokens',
+    'lr',
+    'norm_eps',
+    'log_every',
+    'ckpt_every',
+    'eval_batches',
+    'min_freq',
+)
+_NONNEGATIVE = (
+    'norm_penalty',
+    'control_norm_penalty',
+    'max_train_lines',
+    'min_lr_ratio',
+    'warmup_steps',
+    'weight_decay',
+    'grad_clip',
+    'ce_chunk',
+    'seed',
+    'stride',
+    'dropout',
+)
 # key: (low, high, low_open, high_open) -- the sensible range of a number (Reliability II #7)
-_RANGES = dict(mlp_ratio=(0.25, 64, False, False), min_lr_ratio=(0, 1, False, False), norm_eps=(0, 1e-2, True, False),
-               lr=(1e-7, 10, False, False), dropout=(0, 1, False, True), max_seq_len=(1, 65536, False, False),
-               seed=(0, 2**32 - 1, False, False), beta1=(0, 1, True, True), beta2=(0, 1, True, True))
+_RANGES = dict(
+    mlp_ratio=(0.25, 64, False, False),
+    min_lr_ratio=(0, 1, False, False),
+    norm_eps=(0, 1e-2, True, False),
+    lr=(1e-7, 10, False, False),
+    dropout=(0, 1, False, True),
+    max_seq_len=(1, 65536, False, False),
+    seed=(0, 2**32 - 1, False, False),
+    beta1=(0, 1, True, True),
+    beta2=(0, 1, True, True),
+)
 MAX_POSITION_ELEMENTS = 2**28  # max_seq_len * d_model: a 1 GiB float32 position table
 CORPUS_NAME = re.compile(r'[A-Za-z0-9._-]+')
+
 
 def _check_keys(kw):
     valid = {f.name for f in fields(ExperimentConfig)}
     bad = sorted(set(kw) - valid)
-    if bad: raise ConfigError(f"Unknown setting(s) {bad}. Valid settings: {', '.join(sorted(valid))}.")
+    if bad:
+        raise ConfigError(f"Unknown setting(s) {bad}. Valid settings: {', '.join(sorted(valid))}.")
+
 
 def parse_seeds(text: str, name: str = 'custom') -> list:
     "Seeds written as '42, 101, 202' (commas and/or spaces, optional brackets) -> distinct non-negative ints < 2**32."
     parts = [p for p in re.split(r'[,\s]+', text.strip().strip('[]()')) if p]
     bad = [p for p in parts if not re.fullmatch(r'\d+', p) or int(p) >= 2**32]
     if bad or not parts:
-        raise ConfigError(f"{name}: `seeds` = {text!r}: write distinct non-negative integers below 2**32, e.g. '42, 101, 202' (bad: {bad}).")
+        raise ConfigError(
+            f"{name}: `seeds` = {text!r}: write distinct non-negative integers below 2**32, e.g. '42, 101, 202' (bad: {bad})."
+        )
     seeds = [int(p) for p in parts]
     if len(set(seeds)) != len(seeds):
-        raise ConfigError(f"{name}: `seeds` = {text!r} repeats a seed; each run would be counted twice. Give distinct seeds.")
+        raise ConfigError(
+            f"{name}: `seeds` = {text!r} repeats a seed; each run would be counted twice. Give distinct seeds."
+        )
     return seeds
+
 
 def _check_types(cfg):
     for f in fields(cfg):
@@ -139,62 +195,92 @@ def _check_types(cfg):
         typ = {'int': int, 'float': (int, float), 'bool': bool, 'str': str}[f.type]
         if not isinstance(v, typ) or (f.type in ('int', 'float') and isinstance(v, bool)):
             raise ConfigError(f"{cfg.name}: `{f.name}` must be of type {f.type}, got {v!r}.")
-        if f.type == 'float' and not math.isfinite(v): raise ConfigError(f"{cfg.name}: `{f.name}` must be finite, got {v!r}.")
+        if f.type == 'float' and not math.isfinite(v):
+            raise ConfigError(f"{cfg.name}: `{f.name}` must be finite, got {v!r}.")
+
 
 def _check_ranges(cfg):
     for k in _POSITIVE:
-        if getattr(cfg, k) <= 0: raise ConfigError(f"{cfg.name}: `{k}` must be > 0, got {getattr(cfg, k)!r}.")
+        if getattr(cfg, k) <= 0:
+            raise ConfigError(f"{cfg.name}: `{k}` must be > 0, got {getattr(cfg, k)!r}.")
     for k in _NONNEGATIVE:
-        if getattr(cfg, k) < 0: raise ConfigError(f"{cfg.name}: `{k}` must be >= 0, got {getattr(cfg, k)!r}.")
+        if getattr(cfg, k) < 0:
+            raise ConfigError(f"{cfg.name}: `{k}` must be >= 0, got {getattr(cfg, k)!r}.")
     for k, (lo, hi, lo_open, hi_open) in _RANGES.items():
         v = getattr(cfg, k)
         if (v <= lo if lo_open else v < lo) or (v >= hi if hi_open else v > hi):
             rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
             raise ConfigError(f"{cfg.name}: `{k}` = {v!r} is outside its sensible range {rng}; pick a value in it.")
 
+
 def validate(cfg: ExperimentConfig):
     "Raise `ConfigError` naming the key and the fix for any unusable value of `cfg`."
     _check_types(cfg)
     for k, choices in _CHOICES.items():
         if getattr(cfg, k) not in choices:
-            raise ConfigError(f"{cfg.name}: `{k}` = {getattr(cfg, k)!r} is not valid; choose one of {', '.join(choices)}.")
+            raise ConfigError(
+                f"{cfg.name}: `{k}` = {getattr(cfg, k)!r} is not valid; choose one of {', '.join(choices)}."
+            )
     if not CORPUS_NAME.fullmatch(cfg.corpus):
-        raise ConfigError(f"{cfg.name}: `corpus` = {cfg.corpus!r}: use a name of letters, digits, '.', '_' or '-' (e.g. {CORPORA[0]}).")
+        raise ConfigError(
+            f"{cfg.name}: `corpus` = {cfg.corpus!r}: use a name of letters, digits, '.', '_' or '-' (e.g. {CORPORA[0]})."
+        )
     _check_ranges(cfg)
     if int(cfg.mlp_ratio * cfg.d_model) < 1:
-        raise ConfigError(f"{cfg.name}: `mlp_ratio` * `d_model` = {cfg.mlp_ratio * cfg.d_model:g} gives no MLP hidden unit; raise mlp_ratio.")
+        raise ConfigError(
+            f"{cfg.name}: `mlp_ratio` * `d_model` = {cfg.mlp_ratio * cfg.d_model:g} gives no MLP hidden unit; raise mlp_ratio."
+        )
     if cfg.max_seq_len * cfg.d_model > MAX_POSITION_ELEMENTS:
-        raise ConfigError(f"{cfg.name}: `max_seq_len` * `d_model` = {cfg.max_seq_len * cfg.d_model:,} exceeds {MAX_POSITION_ELEMENTS:,} "
-                          "(a 1 GiB position table); lower max_seq_len.")
-    if cfg.d_model % cfg.n_heads: raise ConfigError(f"{cfg.name}: `d_model` ({cfg.d_model}) must be divisible by `n_heads` ({cfg.n_heads}).")
+        raise ConfigError(
+            f"{cfg.name}: `max_seq_len` * `d_model` = {cfg.max_seq_len * cfg.d_model:,} exceeds {MAX_POSITION_ELEMENTS:,} "
+            "(a 1 GiB position table); lower max_seq_len."
+        )
+    if cfg.d_model % cfg.n_heads:
+        raise ConfigError(f"{cfg.name}: `d_model` ({cfg.d_model}) must be divisible by `n_heads` ({cfg.n_heads}).")
     if cfg.seq_len > cfg.max_seq_len:
-        raise ConfigError(f"{cfg.name}: `seq_len` ({cfg.seq_len}) is above the model's context `max_seq_len` ({cfg.max_seq_len}); lower seq_len or raise max_seq_len.")
+        raise ConfigError(
+            f"{cfg.name}: `seq_len` ({cfg.seq_len}) is above the model's context `max_seq_len` ({cfg.max_seq_len}); lower seq_len or raise max_seq_len."
+        )
     if cfg.stride > cfg.seq_len:
-        raise ConfigError(f"{cfg.name}: `stride` ({cfg.stride}) must be <= `seq_len` ({cfg.seq_len}) so no token is skipped; lower it (0 = random windows).")
+        raise ConfigError(
+            f"{cfg.name}: `stride` ({cfg.stride}) must be <= `seq_len` ({cfg.seq_len}) so no token is skipped; lower it (0 = random windows)."
+        )
     min_vocab = 260 if cfg.tokenizer == 'bpe' else 5
     if cfg.vocab_size < min_vocab:
-        raise ConfigError(f"{cfg.name}: `vocab_size` must be at least {min_vocab} for the {cfg.tokenizer} tokenizer (bytes/specials), got {cfg.vocab_size}.")
-    if cfg.seeds.strip(): parse_seeds(cfg.seeds, cfg.name)
+        raise ConfigError(
+            f"{cfg.name}: `vocab_size` must be at least {min_vocab} for the {cfg.tokenizer} tokenizer (bytes/specials), got {cfg.vocab_size}."
+        )
+    if cfg.seeds.strip():
+        parse_seeds(cfg.seeds, cfg.name)
     if cfg.steps < 1:
-        raise ConfigError(f"{cfg.name}: `train_tokens` ({cfg.train_tokens}) buys no step of batch_size*seq_len = {cfg.batch_size*cfg.seq_len} tokens; raise it.")
+        raise ConfigError(
+            f"{cfg.name}: `train_tokens` ({cfg.train_tokens}) buys no step of batch_size*seq_len = {cfg.batch_size * cfg.seq_len} tokens; raise it."
+        )
 
 # %% ../nbs/00a_config.ipynb #4ccfbf2d
 def settings_path(path=None) -> Path:
     "The `settings.ini` that holds the presets."
-    repo = Path(globals()['__file__']).resolve().parent.parent if '__file__' in globals() else None  # None inside the notebook
-    cands = [path, os.environ.get('LOOPED_LM_SETTINGS'), repo and repo/'settings.ini']
-    cands += [d/'settings.ini' for d in [Path.cwd(), *Path.cwd().parents]]
+    repo = (
+        Path(globals()['__file__']).resolve().parent.parent if '__file__' in globals() else None
+    )  # None inside the notebook
+    cands = [path, os.environ.get('LOOPED_LM_SETTINGS'), repo and repo / 'settings.ini']
+    cands += [d / 'settings.ini' for d in [Path.cwd(), *Path.cwd().parents]]
     for c in cands:
-        if c and Path(c).is_file(): return Path(c)
+        if c and Path(c).is_file():
+            return Path(c)
     if path or os.environ.get('LOOPED_LM_SETTINGS'):
-        raise ConfigError(f"No settings file at {path or os.environ['LOOPED_LM_SETTINGS']}; pass the path of an existing settings.ini.")
+        raise ConfigError(
+            f"No settings file at {path or os.environ['LOOPED_LM_SETTINGS']}; pass the path of an existing settings.ini."
+        )
     raise ConfigError("Cannot find settings.ini: run from the repository, or set LOOPED_LM_SETTINGS to its path.")
+
 
 def _parser(path=None):
     p = configparser.ConfigParser(inline_comment_prefixes=('#', ';'))
     p.optionxform = str  # keys are case-sensitive: `K` is the number of loops
     p.read(settings_path(path))
     return p
+
 
 def list_presets(path=None) -> list:
     "Names of the presets in `settings.ini`."
@@ -204,12 +290,15 @@ def list_presets(path=None) -> list:
 def _convert(name, key, raw, typ, where='settings.ini'):
     try:
         if typ == 'bool':
-            if raw.lower() in ('1', 'true', 'yes', 'on'): return True
-            if raw.lower() in ('0', 'false', 'no', 'off'): return False
+            if raw.lower() in ('1', 'true', 'yes', 'on'):
+                return True
+            if raw.lower() in ('0', 'false', 'no', 'off'):
+                return False
             raise ValueError
         return {'int': int, 'float': float, 'str': str}[typ](raw)
     except ValueError:
         raise ConfigError(f"{name}: `{key}` = {raw!r} in {where} is not a valid {typ}.") from None
+
 
 def parse_values(name: str, raw: dict, where: str = 'settings.ini') -> dict:
     "Preset values given as strings (a section of settings.ini, `--set key=value` pairs) typed as `ExperimentConfig` says; unknown keys refused."
@@ -217,10 +306,13 @@ def parse_values(name: str, raw: dict, where: str = 'settings.ini') -> dict:
     types = {f.name: f.type for f in fields(ExperimentConfig)}
     return {k: _convert(name, k, v, types[k], where) for k, v in raw.items()}
 
+
 def load_preset(name: str = 'cpu', path=None, **overrides) -> ExperimentConfig:
     "The preset `name` from `settings.ini`, with `overrides` applied and every value checked."
     p = _parser(path)
     if name not in p.sections():
-        raise ConfigError(f"Unknown preset {name!r}. Valid presets: {', '.join(p.sections())} (sections of {settings_path(path)}).")
+        raise ConfigError(
+            f"Unknown preset {name!r}. Valid presets: {', '.join(p.sections())} (sections of {settings_path(path)})."
+        )
     _check_keys(overrides)
     return ExperimentConfig(**{**parse_values(name, dict(p[name])), **overrides, 'name': name})

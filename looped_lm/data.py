@@ -27,113 +27,160 @@ SPLITS = ('train', 'validation', 'test')
 HUB_REPO = 'Salesforce/wikitext'
 DATA_ENV, CACHE_ENV = 'LOOPED_LM_DATA', 'LOOPED_LM_CACHE'
 
+
 class DataNotFoundError(FileNotFoundError):
     "The corpus is neither in the configured local copy nor reachable on the Hugging Face Hub."
+
 
 def resolve_data_dir(data_dir=None) -> Path | None:
     "The local copy's root: `data_dir`, else `$LOOPED_LM_DATA`, else None (use the Hub)."
     src, d = ('data_dir', data_dir) if data_dir else (DATA_ENV, os.environ.get(DATA_ENV) or None)
-    if d is None: return None
+    if d is None:
+        return None
     p = Path(d).expanduser()
     if not p.is_dir():
-        raise DataNotFoundError(f"The local data folder {p} (from {src}) does not exist. Point {src} at a folder that "
-                                f"contains <corpus>/{{train,validation,test}}.txt, or unset {DATA_ENV} and pass no "
-                                f"data_dir to download the corpus from the Hugging Face Hub.")
+        raise DataNotFoundError(
+            f"The local data folder {p} (from {src}) does not exist. Point {src} at a folder that "
+            f"contains <corpus>/{{train,validation,test}}.txt, or unset {DATA_ENV} and pass no "
+            f"data_dir to download the corpus from the Hugging Face Hub."
+        )
     return p
+
 
 def local_files(corpus: str, root) -> dict:
     "Paths of `corpus`'s three split files under the local copy `root`; an error names any that are missing."
-    files = {s: Path(root)/corpus/f'{s}.txt' for s in SPLITS}
+    files = {s: Path(root) / corpus / f'{s}.txt' for s in SPLITS}
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
-        raise DataNotFoundError(f"The local data folder {root} has no complete copy of {corpus}: missing {', '.join(missing)}. "
-                                f"Put the corpus there as {corpus}/{{train,validation,test}}.txt, point data_dir / {DATA_ENV} "
-                                f"at a folder that has it, or unset {DATA_ENV} and pass no data_dir to download it from the Hub.")
+        raise DataNotFoundError(
+            f"The local data folder {root} has no complete copy of {corpus}: missing {', '.join(missing)}. "
+            f"Put the corpus there as {corpus}/{{train,validation,test}}.txt, point data_dir / {DATA_ENV} "
+            f"at a folder that has it, or unset {DATA_ENV} and pass no data_dir to download it from the Hub."
+        )
     return files
 
 # %% ../nbs/02_data.ipynb #9ae218ac
 _TRUE = {'1', 'ON', 'YES', 'TRUE'}
 HUB_CORPORA = CORPORA  # the configs of Salesforce/wikitext that the Hub loader knows
 
+
 def hub_offline() -> bool:
     "Whether the environment, read now, puts `datasets` offline (`HF_DATASETS_OFFLINE`, else `HF_HUB_OFFLINE`)."
     import datasets
+
     v = os.environ.get('HF_DATASETS_OFFLINE')  # datasets' own switch wins over the hub's, as in datasets.config
-    if v is None: v = os.environ.get('HF_HUB_OFFLINE') or os.environ.get('TRANSFORMERS_OFFLINE')
+    if v is None:
+        v = os.environ.get('HF_HUB_OFFLINE') or os.environ.get('TRANSFORMERS_OFFLINE')
     return v.strip().upper() in _TRUE if v is not None else bool(datasets.config.HF_HUB_OFFLINE)
+
 
 @contextlib.contextmanager
 def _hub_offline_mode(on: bool):
     "Set datasets' and huggingface_hub's import-time offline flags to `on` for the duration of the block."
     import datasets.config as dc, huggingface_hub.constants as hc
+
     old = dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE
     dc.HF_HUB_OFFLINE = dc.HF_DATASETS_OFFLINE = hc.HF_HUB_OFFLINE = on
-    try: yield
-    finally: dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE = old
+    try:
+        yield
+    finally:
+        dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE = old
+
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
     "Can a TCP connection to the Hub's endpoint be opened within `timeout` seconds? (True when a proxy decides.)"
-    if any(os.environ.get(k) for k in ('HTTPS_PROXY', 'https_proxy', 'ALL_PROXY', 'all_proxy')): return True
+    if any(os.environ.get(k) for k in ('HTTPS_PROXY', 'https_proxy', 'ALL_PROXY', 'all_proxy')):
+        return True
     from huggingface_hub import constants
+
     u = urllib.parse.urlparse(constants.ENDPOINT)
     ok = []
+
     def probe():
-        try: socket.create_connection((u.hostname, u.port or (443 if u.scheme == 'https' else 80)), timeout=timeout).close(); ok.append(True)
-        except OSError: pass
+        try:
+            socket.create_connection(
+                (u.hostname, u.port or (443 if u.scheme == 'https' else 80)), timeout=timeout
+            ).close()
+            ok.append(True)
+        except OSError:
+            pass
+
     t = threading.Thread(target=probe, daemon=True)  # daemon: a DNS lookup that hangs cannot hold us (or exit) up
-    t.start(); t.join(timeout + 1)
+    t.start()
+    t.join(timeout + 1)
     return bool(ok)
 
+
 def _no_data_msg(corpus, why):
-    return (f"Cannot load {corpus}: no local copy is configured and {why}.\nEither\n"
-            f"  - set {DATA_ENV} (or pass data_dir=) to a folder containing {corpus}/train.txt, {corpus}/validation.txt "
-            f"and {corpus}/test.txt, or\n"
-            f"  - connect to the Hugging Face Hub (and unset HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) so that `datasets` "
-            f"can download {HUB_REPO} ({corpus}).")
+    return (
+        f"Cannot load {corpus}: no local copy is configured and {why}.\nEither\n"
+        f"  - set {DATA_ENV} (or pass data_dir=) to a folder containing {corpus}/train.txt, {corpus}/validation.txt "
+        f"and {corpus}/test.txt, or\n"
+        f"  - connect to the Hugging Face Hub (and unset HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) so that `datasets` "
+        f"can download {HUB_REPO} ({corpus})."
+    )
+
 
 @contextlib.contextmanager
 def _datasets_progress(verbose):
     from datasets.utils import disable_progress_bars, enable_progress_bars, are_progress_bars_disabled
+
     was = are_progress_bars_disabled()
-    if not verbose: disable_progress_bars()
-    try: yield
+    if not verbose:
+        disable_progress_bars()
+    try:
+        yield
     finally:
-        if not was: enable_progress_bars()
+        if not was:
+            enable_progress_bars()
+
 
 def load_corpus(corpus: str, data_dir=None, verbose: bool = True):
     "`corpus` as a `datasets.DatasetDict` (train/validation/test, column `text`): the local copy if configured, else the Hub."
     from datasets import load_dataset
+
     root = resolve_data_dir(data_dir)
     if root is None and corpus not in HUB_CORPORA:
-        raise DataNotFoundError(f"{corpus} needs a local copy: only {', '.join(HUB_CORPORA)} can come from the Hugging Face Hub. "
-                                f"Set {DATA_ENV} (or pass data_dir=) to a folder containing {corpus}/train.txt, "
-                                f"{corpus}/validation.txt and {corpus}/test.txt.")
+        raise DataNotFoundError(
+            f"{corpus} needs a local copy: only {', '.join(HUB_CORPORA)} can come from the Hugging Face Hub. "
+            f"Set {DATA_ENV} (or pass data_dir=) to a folder containing {corpus}/train.txt, "
+            f"{corpus}/validation.txt and {corpus}/test.txt."
+        )
     with _datasets_progress(verbose):
         if root is not None:
             files = local_files(corpus, root)
-            if verbose: print(f"{corpus}: local copy {root/corpus}")
+            if verbose:
+                print(f"{corpus}: local copy {root / corpus}")
             return load_dataset('text', data_files={s: str(p) for s, p in files.items()}, keep_linebreaks=True)
         offline = hub_offline()
         why = 'the Hub is switched off (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and it is not in the datasets cache'
         if not offline and not _hub_reachable():
-            offline, why = True, 'the Hugging Face Hub cannot be reached (no network?) and it is not in the datasets cache'
-        if verbose: print(f"{corpus}: Hugging Face Hub {HUB_REPO}" + (' (offline: datasets cache only)' if offline else ''))
+            offline, why = (
+                True,
+                'the Hugging Face Hub cannot be reached (no network?) and it is not in the datasets cache',
+            )
+        if verbose:
+            print(f"{corpus}: Hugging Face Hub {HUB_REPO}" + (' (offline: datasets cache only)' if offline else ''))
         try:
-            with _hub_offline_mode(offline): return load_dataset(HUB_REPO, corpus)
+            with _hub_offline_mode(offline):
+                return load_dataset(HUB_REPO, corpus)
         except Exception as e:  # datasets wraps network and cache misses in several types: report one
             raise DataNotFoundError(_no_data_msg(corpus, why) + f"\n(datasets said: {type(e).__name__}: {e})") from e
 
 # %% ../nbs/02_data.ipynb #41c4d16a
 _TITLE = re.compile(r'^ = [^=].* = \n?$')
 
+
 def iter_rows(split_ds, max_lines: int = 0, batch_size: int = 1000):
     "The `text` rows of one split, in order, with blank lines as `\"\"`, stopping after `max_lines` rows (0: all)."
     n = 0
     for batch in split_ds.iter(batch_size=batch_size):
         for t in batch['text']:
-            if max_lines and n >= max_lines: return
+            if max_lines and n >= max_lines:
+                return
             n += 1
             yield t if t.strip() else ''
+
 
 def with_article_starts(rows):
     "Pairs `(row, starts_article)`: a title row `' = X = '` between two blank rows opens an article."
@@ -143,161 +190,245 @@ def with_article_starts(rows):
             yield cur, prev == '' and nxt == '' and bool(_TITLE.match(cur))
             prev = cur
         cur = nxt
-    if cur is not None: yield cur, prev == '' and bool(_TITLE.match(cur))
+    if cur is not None:
+        yield cur, prev == '' and bool(_TITLE.match(cur))
 
 # %% ../nbs/02_data.ipynb #0723ed44
 EOT = '<|endoftext|>'  # the document separator, placed before every article
+
 
 def train_tokenizer(texts, vocab_size: int, length: int = None, verbose: bool = True) -> Tokenizer:
     "A byte-level BPE with at most `vocab_size` tokens (including `EOT`), trained on the strings in `texts`."
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=verbose,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],
+        show_progress=verbose,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer, length=length)
     return tok
 
 # %% ../nbs/02_data.ipynb #ae0e586f
 class WriteError(OSError):
     "A file could not be written (disk full, no permission, ...); the message names the file, what happened and what to do."
-    def __str__(self): return self.strerror or super().__str__()
 
-_WRITE_FIX = {errno.ENOSPC: ('the disk is full', 'free some space on that disk, or choose a folder on another disk'),
-              errno.EDQUOT: ('the disk quota is exceeded', 'free some space within your quota, or choose a folder on another disk'),
-              errno.EACCES: ('permission was denied', 'choose a folder you can write to'),
-              errno.EPERM: ('the operation is not permitted', 'choose a folder you can write to'),
-              errno.EROFS: ('the file system is read-only', 'choose a folder on a writable disk'),
-              errno.ENOENT: ('its folder does not exist', 'create the folder, or choose an existing one')}
+    def __str__(self):
+        return self.strerror or super().__str__()
+
+
+_WRITE_FIX = {
+    errno.ENOSPC: ('the disk is full', 'free some space on that disk, or choose a folder on another disk'),
+    errno.EDQUOT: (
+        'the disk quota is exceeded',
+        'free some space within your quota, or choose a folder on another disk',
+    ),
+    errno.EACCES: ('permission was denied', 'choose a folder you can write to'),
+    errno.EPERM: ('the operation is not permitted', 'choose a folder you can write to'),
+    errno.EROFS: ('the file system is read-only', 'choose a folder on a writable disk'),
+    errno.ENOENT: ('its folder does not exist', 'create the folder, or choose an existing one'),
+}
+
 
 def _write_error(p, e: OSError) -> WriteError:
     what, fix = _WRITE_FIX.get(e.errno, (e.strerror or str(e), 'check that folder, or choose another one'))
-    return WriteError(e.errno, f"Could not write {p}: {what} ({type(e).__name__}: {e}). The file was left as it was "
-                               f"before; {fix}, then run again.", str(p))
+    return WriteError(
+        e.errno,
+        f"Could not write {p}: {what} ({type(e).__name__}: {e}). The file was left as it was "
+        f"before; {fix}, then run again.",
+        str(p),
+    )
+
 
 def _tmp_for(p: Path) -> Path:
     "A temporary name beside `p`, unique to this process and call: `.<name>.<pid>.<random>.tmp`."
     return p.with_name(f'.{p.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp')
 
+
 def _fsync_dir(d: Path):
     "Make a rename in folder `d` durable (a no-op where folders cannot be opened)."
-    try: fd = os.open(d, os.O_RDONLY)
-    except OSError: return
-    try: os.fsync(fd)
-    except OSError: pass
-    finally: os.close(fd)
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
 
 @contextlib.contextmanager
 def atomic_writer(p, first_wins: bool = False):
     "A binary file object whose content appears at `p` (fsynced, with its folder) only if the block completes."
-    p = Path(p); tmp = _tmp_for(p)
+    p = Path(p)
+    tmp = _tmp_for(p)
     try:
         with open(tmp, 'wb') as f:
             yield f
-            f.flush(); os.fsync(f.fileno())
+            f.flush()
+            os.fsync(f.fileno())
         if first_wins:
-            try: os.link(tmp, p)             # atomic, and fails if p exists: the first writer wins
-            except FileExistsError: pass
-            except OSError: os.replace(tmp, p)  # no hard links on this file system: the last writer wins
-        else: os.replace(tmp, p)
+            try:
+                os.link(tmp, p)  # atomic, and fails if p exists: the first writer wins
+            except FileExistsError:
+                pass
+            except OSError:
+                os.replace(tmp, p)  # no hard links on this file system: the last writer wins
+        else:
+            os.replace(tmp, p)
         _fsync_dir(p.parent)
-    except WriteError: raise
-    except OSError as e: raise _write_error(p, e) from e
-    finally: tmp.unlink(missing_ok=True)
+    except WriteError:
+        raise
+    except OSError as e:
+        raise _write_error(p, e) from e
+    finally:
+        tmp.unlink(missing_ok=True)
+
 
 def write_atomic(p, data, first_wins: bool = False):
     "Write `data` (bytes or str) to `p` all at once or not at all; with `first_wins`, keep `p` if another writer got there first."
-    with atomic_writer(p, first_wins) as f: f.write(data.encode() if isinstance(data, str) else data)
+    with atomic_writer(p, first_wins) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
 
 # %% ../nbs/02_data.ipynb #f2cefe11
 _TMP_PID = re.compile(r'\.(\d+)\.[0-9a-f]+\.tmp$')
 
+
 def pid_alive(pid: int) -> bool:
     "Whether a process with id `pid` exists on this machine."
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    except PermissionError: return True    # it exists, owned by someone else
-    except (OverflowError, ValueError): return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    except (OverflowError, ValueError):
+        return False
     return True
+
 
 def sweep_stale_tmp(folder, older_than: float = None) -> list:
     "Remove `*.tmp` files in `folder` whose writer (the pid in the name) is dead, or, given `older_than`, older than that many seconds."
     folder, gone, now = Path(folder), [], time.time()
-    if not folder.is_dir(): return gone
+    if not folder.is_dir():
+        return gone
     for p in folder.glob('*.tmp'):
         m = _TMP_PID.search(p.name)
-        try: stale = (m is not None and not pid_alive(int(m[1]))) or (older_than is not None and now - p.stat().st_mtime > older_than)
-        except FileNotFoundError: continue  # its writer just published or removed it
+        try:
+            stale = (m is not None and not pid_alive(int(m[1]))) or (
+                older_than is not None and now - p.stat().st_mtime > older_than
+            )
+        except FileNotFoundError:
+            continue  # its writer just published or removed it
         if stale:
-            p.unlink(missing_ok=True); gone.append(p)
+            p.unlink(missing_ok=True)
+            gone.append(p)
     return sorted(gone)
 
 # %% ../nbs/02_data.ipynb #804a6c63
 LOCK_NAME = '.lock'
 
+
 class LockedError(RuntimeError):
     "Another live process holds the lock on this folder."
 
+
 _HELD = set()  # lock files this process holds, to refuse a nested lock on the same folder clearly
 
+
 def _holder(lp: Path) -> dict:
-    try: return json.loads(lp.read_text() or '{}')
-    except (OSError, ValueError): return {}
+    try:
+        return json.loads(lp.read_text() or '{}')
+    except (OSError, ValueError):
+        return {}
+
 
 def _locked_msg(d: Path, what: str, h: dict) -> str:
-    who = (f"pid {h.get('pid', '?')} on {h.get('host', '?')}, since {h.get('started', '?')}"
-           + (f", running `{h['command']}`" if h.get('command') else '') + (f" ({h['what']})" if h.get('what') else ''))
+    who = (
+        f"pid {h.get('pid', '?')} on {h.get('host', '?')}, since {h.get('started', '?')}"
+        + (f", running `{h['command']}`" if h.get('command') else '')
+        + (f" ({h['what']})" if h.get('what') else '')
+    )
     same = h.get('host') in (None, socket.gethostname())
-    return (f"{d} is in use by another process ({who}): two writers in one {what} folder would mix their results. "
-            f"Wait for it to finish (or pass wait=True to queue behind it), use another folder, or, if that process is "
-            f"stuck, stop it" + (f" (kill {h['pid']})" if same and 'pid' in h else '') + " and run again. "
-            f"(The lock is released by the operating system when its holder exits, so a dead holder never blocks you.)")
+    return (
+        f"{d} is in use by another process ({who}): two writers in one {what} folder would mix their results. "
+        f"Wait for it to finish (or pass wait=True to queue behind it), use another folder, or, if that process is "
+        f"stuck, stop it" + (f" (kill {h['pid']})" if same and 'pid' in h else '') + " and run again. "
+        f"(The lock is released by the operating system when its holder exits, so a dead holder never blocks you.)"
+    )
+
 
 @contextlib.contextmanager
 def dir_lock(path, what: str = 'run', wait: bool = False, timeout: float = None, poll: float = 0.1):
     "Hold an exclusive lock on folder `path` (created if needed) for the block; another holder raises `LockedError`, or is waited for."
     import fcntl
-    d = Path(path); d.mkdir(parents=True, exist_ok=True)
-    lp = d/LOCK_NAME
+
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    lp = d / LOCK_NAME
     key = os.path.realpath(lp)
-    if key in _HELD: raise LockedError(f"This process already holds the {what} lock on {d}: a nested dir_lock on the same folder "
-                                       f"would wait for itself. Take the lock once, around all the work on that folder.")
+    if key in _HELD:
+        raise LockedError(
+            f"This process already holds the {what} lock on {d}: a nested dir_lock on the same folder "
+            f"would wait for itself. Take the lock once, around all the work on that folder."
+        )
     fd = os.open(lp, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         t0 = time.monotonic()
         while True:
-            try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); break
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
             except BlockingIOError:
                 if not wait or (timeout is not None and time.monotonic() - t0 >= timeout):
-                    raise LockedError(_locked_msg(d, what, _holder(lp))
-                                      + (f" (waited {time.monotonic() - t0:.0f} s)" if wait else '')) from None
+                    raise LockedError(
+                        _locked_msg(d, what, _holder(lp)) + (f" (waited {time.monotonic() - t0:.0f} s)" if wait else '')
+                    ) from None
                 time.sleep(poll)
-        info = dict(pid=os.getpid(), host=socket.gethostname(), started=time.strftime('%Y-%m-%d %H:%M:%S %z'),
-                    command=' '.join(sys.argv)[:300], what=what)
-        os.ftruncate(fd, 0); os.pwrite(fd, json.dumps(info).encode(), 0)
+        info = dict(
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            started=time.strftime('%Y-%m-%d %H:%M:%S %z'),
+            command=' '.join(sys.argv)[:300],
+            what=what,
+        )
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
         _HELD.add(key)
-        try: yield info
+        try:
+            yield info
         finally:
             _HELD.discard(key)
             os.ftruncate(fd, 0)  # the file stays: deleting it would race with a process about to lock it
-    finally: os.close(fd)        # closing releases the lock (and the kernel does so if we die)
+    finally:
+        os.close(fd)  # closing releases the lock (and the kernel does so if we die)
 
 # %% ../nbs/02_data.ipynb #6e502767
 REGEX_PATTERN = r'\s+|[A-Za-z0-9_]+|[^\w\s]'
 REGEX_SPECIALS = ('<pad>', '<bos>', '<eos>', '<unk>')
 REGEX_JOIN = '\n\n'  # between the kept rows of a split
 
+
 @dataclass
 class Encoding:
     "What `encode` returns, as a `tokenizers.Encoding` does: the ids and the token strings."
+
     ids: list
     tokens: list
 
+
 class RegexTokenizer:
     "The official word-level tokenizer: `re.findall(pattern)` tokens, a fixed vocabulary, `<unk>` for the rest."
+
     kind = 'regex'
+
     def __init__(self, itos, pattern: str = REGEX_PATTERN):
-        if tuple(itos[:4]) != REGEX_SPECIALS: raise ValueError(f"A regex vocabulary starts with {REGEX_SPECIALS}, not {tuple(itos[:4])}.")
+        if tuple(itos[:4]) != REGEX_SPECIALS:
+            raise ValueError(f"A regex vocabulary starts with {REGEX_SPECIALS}, not {tuple(itos[:4])}.")
         self.itos, self.pattern, self._re = list(itos), pattern, re.compile(pattern)
         self.stoi = {t: i for i, t in enumerate(self.itos)}
         self.unk_id = self.stoi['<unk>']
@@ -307,57 +438,93 @@ class RegexTokenizer:
         "Fit on the rows of `row_iters` (e.g. train rows, then validation rows), counted one row at a time."
         rx, counts = re.compile(pattern), collections.Counter()
         for rows in row_iters:
-            for row in rows: counts.update(rx.findall(row))
-        kept = sorted(((t, c) for t, c in counts.items() if c >= min_freq and t not in REGEX_SPECIALS), key=lambda tc: (-tc[1], tc[0]))
-        return cls(list(REGEX_SPECIALS) + [t for t, _ in kept[:max(0, vocab_size - len(REGEX_SPECIALS))]], pattern)
+            for row in rows:
+                counts.update(rx.findall(row))
+        kept = sorted(
+            ((t, c) for t, c in counts.items() if c >= min_freq and t not in REGEX_SPECIALS),
+            key=lambda tc: (-tc[1], tc[0]),
+        )
+        return cls(list(REGEX_SPECIALS) + [t for t, _ in kept[: max(0, vocab_size - len(REGEX_SPECIALS))]], pattern)
 
-    def tokenize(self, text: str) -> list: return self._re.findall(text)
-    def ids_of(self, tokens) -> list: return [self.stoi.get(t, self.unk_id) for t in tokens]
+    def tokenize(self, text: str) -> list:
+        return self._re.findall(text)
+
+    def ids_of(self, tokens) -> list:
+        return [self.stoi.get(t, self.unk_id) for t in tokens]
+
     def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
         toks = self.tokenize(text)
         return Encoding(self.ids_of(toks), toks)
-    def encode_batch_fast(self, texts, add_special_tokens: bool = False) -> list: return [self.encode(t) for t in texts]
+
+    def encode_batch_fast(self, texts, add_special_tokens: bool = False) -> list:
+        return [self.encode(t) for t in texts]
+
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return ''.join(t for t in map(self.itos.__getitem__, ids) if not (skip_special_tokens and t in REGEX_SPECIALS))
-    def token_to_id(self, token: str): return self.stoi.get(token)
-    def id_to_token(self, i: int): return self.itos[i] if 0 <= i < len(self.itos) else None
-    def get_vocab_size(self) -> int: return len(self.itos)
-    def to_str(self, pretty: bool = False) -> str: return json.dumps(dict(kind=self.kind, pattern=self.pattern, itos=self.itos), indent=1 if pretty else None)
-    def save(self, path, pretty: bool = True): write_atomic(path, self.to_str(pretty))
+
+    def token_to_id(self, token: str):
+        return self.stoi.get(token)
+
+    def id_to_token(self, i: int):
+        return self.itos[i] if 0 <= i < len(self.itos) else None
+
+    def get_vocab_size(self) -> int:
+        return len(self.itos)
+
+    def to_str(self, pretty: bool = False) -> str:
+        return json.dumps(dict(kind=self.kind, pattern=self.pattern, itos=self.itos), indent=1 if pretty else None)
+
+    def save(self, path, pretty: bool = True):
+        write_atomic(path, self.to_str(pretty))
+
     @classmethod
     def from_str(cls, s: str):
         d = json.loads(s)
-        if d.get('kind') != cls.kind: raise ValueError(f"not a regex tokenizer (kind {d.get('kind')!r})")
+        if d.get('kind') != cls.kind:
+            raise ValueError(f"not a regex tokenizer (kind {d.get('kind')!r})")
         return cls(d['itos'], d['pattern'])
+
     @classmethod
-    def from_file(cls, path): return cls.from_str(Path(path).read_text(encoding='utf-8'))
+    def from_file(cls, path):
+        return cls.from_str(Path(path).read_text(encoding='utf-8'))
 
 # %% ../nbs/02_data.ipynb #6f0865d0
 CACHE_VERSION = 2  # 2: keys cover the source text's content; sidecars carry n_bytes / n_words
+
 
 def resolve_cache_dir(cache_dir=None) -> Path:
     "The cache root: `cache_dir`, else `$LOOPED_LM_CACHE`, else `~/.cache/looped_lm`."
     return Path(cache_dir or os.environ.get(CACHE_ENV) or '~/.cache/looped_lm').expanduser()
 
-def _sha(*parts) -> str: return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+def _sha(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
 
 _FILE_HASHES = {}  # (path, size, mtime_ns) -> sha256, for this process
 
+
 def file_content_sha(p: Path, memo: Path = None) -> str:
     "SHA-256 of file `p`, remembered by (path, size, mtime_ns) in this process and in the JSON file `memo`."
-    p = Path(p).resolve(); st = p.stat()
+    p = Path(p).resolve()
+    st = p.stat()
     key = f'{p}|{st.st_size}|{st.st_mtime_ns}'
-    if key in _FILE_HASHES: return _FILE_HASHES[key]
+    if key in _FILE_HASHES:
+        return _FILE_HASHES[key]
     known = {}
     if memo is not None:
-        try: known = json.loads(Path(memo).read_text())
-        except (OSError, ValueError): known = {}
+        try:
+            known = json.loads(Path(memo).read_text())
+        except (OSError, ValueError):
+            known = {}
     if key not in known:
         known = {k: v for k, v in known.items() if not k.startswith(f'{p}|')}  # forget this file's older versions
         known[key] = _file_sha256(p)
-        if memo is not None: write_atomic(memo, json.dumps(known, indent=1))
+        if memo is not None:
+            write_atomic(memo, json.dumps(known, indent=1))
     _FILE_HASHES[key] = known[key]
     return known[key]
+
 
 def source_fingerprint(corpus: str, root=None, text=None, memo: Path = None) -> str:
     "A short hash of the corpus text: of the local copy's three files, else of the Hub dataset as `datasets` loads it."
@@ -366,59 +533,94 @@ def source_fingerprint(corpus: str, root=None, text=None, memo: Path = None) -> 
     ds = text() if text is not None else load_corpus(corpus, verbose=False)
     return 'hub-' + _sha(*(ds[s]._fingerprint for s in SPLITS))  # datasets' fingerprint follows the revision's files
 
-def tokenizer_path(cache_dir, corpus: str, vocab_size: int, max_train_lines: int, source: str = None,
-                   tokenizer: str = 'bpe', min_freq: int = 2, data_dir=None) -> Path:
+
+def tokenizer_path(
+    cache_dir,
+    corpus: str,
+    vocab_size: int,
+    max_train_lines: int,
+    source: str = None,
+    tokenizer: str = 'bpe',
+    min_freq: int = 2,
+    data_dir=None,
+) -> Path:
     "Where the tokenizer for this recipe is saved; `source` (default: the configured copy's fingerprint) names the text."
     if source is None:
         root = resolve_data_dir(data_dir)
-        source = source_fingerprint(corpus, root, memo=resolve_cache_dir(cache_dir)/corpus/'source-hashes.json')
+        source = source_fingerprint(corpus, root, memo=resolve_cache_dir(cache_dir) / corpus / 'source-hashes.json')
     if tokenizer == 'regex':
         key = _sha(CACHE_VERSION, 'regex', REGEX_PATTERN, corpus, max_train_lines, vocab_size, min_freq, source)
-        return resolve_cache_dir(cache_dir)/corpus/f'tokenizer-regex-{key}.json'
-    return resolve_cache_dir(cache_dir)/corpus/f'tokenizer-{_sha(CACHE_VERSION, "bytelevel-bpe", corpus, max_train_lines, vocab_size, source)}.json'
+        return resolve_cache_dir(cache_dir) / corpus / f'tokenizer-regex-{key}.json'
+    return (
+        resolve_cache_dir(cache_dir)
+        / corpus
+        / f'tokenizer-{_sha(CACHE_VERSION, "bytelevel-bpe", corpus, max_train_lines, vocab_size, source)}.json'
+    )
 
 # %% ../nbs/02_data.ipynb #326ec932
-def _dtype(vocab_size): return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+def _dtype(vocab_size):
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+
 
 def _file_sha256(p: Path, chunk=1 << 24) -> str:
     h = hashlib.sha256()
     with open(p, 'rb') as f:
-        while b := f.read(chunk): h.update(b)
+        while b := f.read(chunk):
+            h.update(b)
     return h.hexdigest()
+
 
 def _open_tokens(p: Path, meta: dict):
     dt, n = np.dtype(meta['dtype']), meta['n_tokens']
     return np.memmap(p, dtype=dt, mode='r', shape=(n,)) if n else np.zeros(0, dt)
+
 
 def load_cached_split(bin_path: Path, fingerprint: str):
     "The cached ids at `bin_path` as a read-only memmap, or None if absent; a damaged file is reported and None returned."
     meta = load_cached_meta(bin_path, fingerprint)
     return None if meta is None else _open_tokens(bin_path, meta)
 
+
 def load_cached_meta(bin_path: Path, fingerprint: str):
     "The sidecar of a complete, undamaged token file at `bin_path`, or None (a damaged one is reported in a warning)."
     meta_path = bin_path.with_suffix('.json')
-    if not bin_path.exists() and not meta_path.exists(): return None
+    if not bin_path.exists() and not meta_path.exists():
+        return None
     try:
         meta = json.loads(meta_path.read_text())
         want = meta['n_tokens'] * np.dtype(meta['dtype']).itemsize
-        if meta['fingerprint'] != fingerprint: problem = f"its sidecar is for fingerprint {meta['fingerprint']}"
-        elif not {'n_bytes', 'n_words'} <= set(meta): problem = 'its sidecar lacks n_bytes / n_words'
-        elif not bin_path.exists(): problem = 'the token file is missing'
-        elif bin_path.stat().st_size != want: problem = f"it has {bin_path.stat().st_size} bytes where its sidecar says {want}"
-        elif file_content_sha(bin_path) != meta['sha256']: problem = 'its SHA-256 does not match its sidecar'  # hashed once per file version and process
-        else: return meta
-    except (OSError, ValueError, KeyError, TypeError) as e: problem = f"its sidecar {meta_path.name} is missing or unreadable ({type(e).__name__})"
-    warnings.warn(f"Token cache {bin_path} is incomplete or corrupt: {problem}. Rebuilding it "
-                  f"(if this keeps happening, delete {bin_path} and {meta_path.name}).", stacklevel=3)
+        if meta['fingerprint'] != fingerprint:
+            problem = f"its sidecar is for fingerprint {meta['fingerprint']}"
+        elif not {'n_bytes', 'n_words'} <= set(meta):
+            problem = 'its sidecar lacks n_bytes / n_words'
+        elif not bin_path.exists():
+            problem = 'the token file is missing'
+        elif bin_path.stat().st_size != want:
+            problem = f"it has {bin_path.stat().st_size} bytes where its sidecar says {want}"
+        elif file_content_sha(bin_path) != meta['sha256']:
+            problem = 'its SHA-256 does not match its sidecar'  # hashed once per file version and process
+        else:
+            return meta
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        problem = f"its sidecar {meta_path.name} is missing or unreadable ({type(e).__name__})"
+    warnings.warn(
+        f"Token cache {bin_path} is incomplete or corrupt: {problem}. Rebuilding it "
+        f"(if this keeps happening, delete {bin_path} and {meta_path.name}).",
+        stacklevel=3,
+    )
     return None
+
 
 def _batched(it, n):
     batch = []
     for x in it:
         batch.append(x)
-        if len(batch) >= n: yield batch; batch = []
-    if batch: yield batch
+        if len(batch) >= n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
 
 def _bpe_chunks(tok, rows, stats, batch_rows):
     "Id chunks of the BPE stream: the non-empty rows back to back, an `EOT` before each article."
@@ -426,12 +628,15 @@ def _bpe_chunks(tok, rows, stats, batch_rows):
     for batch in _batched(((r, a) for r, a in with_article_starts(rows) if r), batch_rows):
         ids = []
         for enc, (row, start) in zip(tok.encode_batch_fast([r for r, _ in batch], add_special_tokens=False), batch):
-            if start: ids.append(eot)
+            if start:
+                ids.append(eot)
             ids.extend(enc.ids)
         stats['n_articles'] += sum(a for _, a in batch)
         yield [r for r, _ in batch], ids
 
+
 _WS = re.compile(r'\s+')
+
 
 def _regex_chunks(tok, rows, stats, batch_rows):
     "Id chunks of the regex stream: the non-empty rows joined with `REGEX_JOIN`, exactly as `tok.encode` of the whole text."
@@ -443,25 +648,47 @@ def _regex_chunks(tok, rows, stats, batch_rows):
         stats['n_bytes'] += len(REGEX_JOIN.encode()) * (len(batch) - first)  # the joins before and between these rows
         first = False
         yield batch, tok.ids_of(toks)
-    if carry: yield [], tok.ids_of([carry])
+    if carry:
+        yield [], tok.ids_of([carry])
 
-def encode_split(tok, rows, bin_path: Path, fingerprint: str, total: int = None,
-                 desc: str = 'tokenize', verbose: bool = True, batch_rows: int = 2000) -> dict:
+
+def encode_split(
+    tok,
+    rows,
+    bin_path: Path,
+    fingerprint: str,
+    total: int = None,
+    desc: str = 'tokenize',
+    verbose: bool = True,
+    batch_rows: int = 2000,
+) -> dict:
     "Tokenize `rows` into `bin_path` and its sidecar (dtype, length, SHA-256, text bytes and words), atomically; returns the sidecar."
     dt, h = _dtype(tok.get_vocab_size()), hashlib.sha256()
     stats = dict(n_tokens=0, n_articles=0, n_bytes=0, n_words=0)
     chunks = (_regex_chunks if isinstance(tok, RegexTokenizer) else _bpe_chunks)(tok, rows, stats, batch_rows)
-    with atomic_writer(bin_path) as f, tqdm(total=total, desc=desc, unit=' rows', disable=not verbose, mininterval=1) as bar:
+    with (
+        atomic_writer(bin_path) as f,
+        tqdm(total=total, desc=desc, unit=' rows', disable=not verbose, mininterval=1) as bar,
+    ):
         for batch, ids in chunks:
             b = np.asarray(ids, dtype=dt).tobytes()
-            f.write(b); h.update(b)
+            f.write(b)
+            h.update(b)
             stats['n_tokens'] += len(ids)
             stats['n_bytes'] += sum(len(r.encode('utf-8')) for r in batch)
             stats['n_words'] += sum(len(r.split()) for r in batch)
             bar.update(len(batch))
-        if total: bar.n = total; bar.refresh()
-    meta = dict(format=CACHE_VERSION, fingerprint=fingerprint, dtype=dt.name, sha256=h.hexdigest(),
-                vocab_size=tok.get_vocab_size(), **stats)
+        if total:
+            bar.n = total
+            bar.refresh()
+    meta = dict(
+        format=CACHE_VERSION,
+        fingerprint=fingerprint,
+        dtype=dt.name,
+        sha256=h.hexdigest(),
+        vocab_size=tok.get_vocab_size(),
+        **stats,
+    )
     write_atomic(bin_path.with_suffix('.json'), json.dumps(meta, indent=1).encode())
     return meta
 
@@ -469,132 +696,190 @@ def encode_split(tok, rows, bin_path: Path, fingerprint: str, total: int = None,
 @dataclass(repr=False)
 class TokenData:
     "A corpus as token ids: one 1-D array per split, the tokenizer, and the fingerprint of the whole."
+
     train: np.ndarray
     validation: np.ndarray
     test: np.ndarray
-    tokenizer: object               # a tokenizers.Tokenizer (bpe) or a RegexTokenizer (regex)
-    vocab_size: int                 # the tokenizer's actual vocabulary size (<= cfg.vocab_size)
-    fingerprint: str                # short hash of the three split fingerprints (recipe, tokenizer and source text)
-    cache_dir: Path                 # the folder holding the tokenizer and the token files
+    tokenizer: object  # a tokenizers.Tokenizer (bpe) or a RegexTokenizer (regex)
+    vocab_size: int  # the tokenizer's actual vocabulary size (<= cfg.vocab_size)
+    fingerprint: str  # short hash of the three split fingerprints (recipe, tokenizer and source text)
+    cache_dir: Path  # the folder holding the tokenizer and the token files
     corpus: str = ''
     split_fingerprints: dict = field(default_factory=dict)
-    built: tuple = ()               # splits tokenized by this call; () when all came from the cache
-    tokenizer_trained: bool = False # whether this call trained the tokenizer
+    built: tuple = ()  # splits tokenized by this call; () when all came from the cache
+    tokenizer_trained: bool = False  # whether this call trained the tokenizer
     n_bytes: dict = field(default_factory=dict)  # split -> UTF-8 bytes of the text its tokens encode
     n_words: dict = field(default_factory=dict)  # split -> whitespace-separated words of that text
-    source: str = ''                # fingerprint of the source text (local files' content, or the Hub dataset)
-    tokenizer_file: Path = None     # where the tokenizer is saved
+    source: str = ''  # fingerprint of the source text (local files' content, or the Hub dataset)
+    tokenizer_file: Path = None  # where the tokenizer is saved
 
     def split(self, name: str) -> np.ndarray:
         "The token ids of split `name` (train, validation or test)."
-        if name not in SPLITS: raise KeyError(f"No split {name!r}; choose one of {', '.join(SPLITS)}.")
+        if name not in SPLITS:
+            raise KeyError(f"No split {name!r}; choose one of {', '.join(SPLITS)}.")
         return getattr(self, name)
 
     @property
-    def eot_id(self): return self.tokenizer.token_to_id(EOT)
+    def eot_id(self):
+        return self.tokenizer.token_to_id(EOT)
 
     def __repr__(self):
-        return (f"TokenData({self.corpus}, vocab {self.vocab_size}, " +
-                ', '.join(f"{s} {len(self.split(s)):,}" for s in SPLITS) + f" tokens, fingerprint {self.fingerprint})")
+        return (
+            f"TokenData({self.corpus}, vocab {self.vocab_size}, "
+            + ', '.join(f"{s} {len(self.split(s)):,}" for s in SPLITS)
+            + f" tokens, fingerprint {self.fingerprint})"
+        )
 
 # %% ../nbs/02_data.ipynb #a4c6f1c6
 def _load_tokenizer(path: Path, repair: bool = True):
     "The tokenizer saved at `path` (BPE or regex), None if absent; with `repair`, an unreadable file is reported and removed."
-    if not path.exists(): return None
-    try: return RegexTokenizer.from_file(path) if path.name.startswith('tokenizer-regex-') else Tokenizer.from_file(str(path))
+    if not path.exists():
+        return None
+    try:
+        return (
+            RegexTokenizer.from_file(path)
+            if path.name.startswith('tokenizer-regex-')
+            else Tokenizer.from_file(str(path))
+        )
     except Exception as e:
-        if not repair: return None
+        if not repair:
+            return None
         warnings.warn(f"Tokenizer file {path} is unreadable ({e}); training it again.")
         path.unlink(missing_ok=True)  # else the first-writer-wins publish below would keep the damaged file
         return None
+
 
 def _train_tokenizer(cfg, path: Path, text, verbose):
     "Fit the recipe's tokenizer, publish it at `path` (first writer wins) and return the published one."
     rows = lambda s, lim=0: iter_rows(text()[s], lim)
     if cfg.tokenizer == 'regex':
-        if verbose: print(f"fitting a {cfg.vocab_size}-id regex tokenizer on the train + validation rows")
-        RegexTokenizer.fit([rows('train', cfg.max_train_lines), rows('validation')], cfg.vocab_size, cfg.min_freq).save(path)
+        if verbose:
+            print(f"fitting a {cfg.vocab_size}-id regex tokenizer on the train + validation rows")
+        RegexTokenizer.fit([rows('train', cfg.max_train_lines), rows('validation')], cfg.vocab_size, cfg.min_freq).save(
+            path
+        )
     else:
-        if verbose: print(f"training a {cfg.vocab_size}-token byte-level BPE on the train split")
+        if verbose:
+            print(f"training a {cfg.vocab_size}-token byte-level BPE on the train split")
         n = min(cfg.max_train_lines or len(text()['train']), len(text()['train']))
         tok = train_tokenizer(rows('train', cfg.max_train_lines), cfg.vocab_size, length=n, verbose=verbose)
         write_atomic(path, tok.to_str(pretty=True).encode(), first_wins=True)
     return _load_tokenizer(path)
 
+
 def _from_cache(cfg, cdir: Path, tpath: Path, source: str, text, verbose, build: bool):
     "The TokenData of the recipe from the cache; with `build`, train and tokenize what is missing (hold the cache lock)."
     tok, trained = _load_tokenizer(tpath, repair=build), False
     if tok is None:
-        if not build: return None
+        if not build:
+            return None
         tok, trained = _train_tokenizer(cfg, tpath, text, verbose), True
     tok_sha = hashlib.sha256(tpath.read_bytes()).hexdigest()
     arrays, metas, fps, built = {}, {}, {}, []
     for s in SPLITS:
         fps[s] = _sha(CACHE_VERSION, cfg.corpus, s, cfg.max_train_lines, tok_sha, source)
-        bpath = cdir/f'{s}-{fps[s]}.bin'
+        bpath = cdir / f'{s}-{fps[s]}.bin'
         meta = load_cached_meta(bpath, fps[s])
         if meta is None:
-            if not build: return None
+            if not build:
+                return None
             lim = cfg.max_train_lines if s == 'train' else 0
             n = min(lim or len(text()[s]), len(text()[s]))
-            meta = encode_split(tok, iter_rows(text()[s], lim), bpath, fps[s], total=n, desc=f'tokenize {s}', verbose=verbose)
+            meta = encode_split(
+                tok, iter_rows(text()[s], lim), bpath, fps[s], total=n, desc=f'tokenize {s}', verbose=verbose
+            )
             built.append(s)
         arrays[s], metas[s] = _open_tokens(bpath, meta), meta
-    return TokenData(**arrays, tokenizer=tok, vocab_size=tok.get_vocab_size(), fingerprint=_sha(*fps.values()),
-                     cache_dir=cdir, corpus=cfg.corpus, split_fingerprints=fps, built=tuple(built), tokenizer_trained=trained,
-                     n_bytes={s: m['n_bytes'] for s, m in metas.items()}, n_words={s: m['n_words'] for s, m in metas.items()},
-                     source=source, tokenizer_file=tpath)
+    return TokenData(
+        **arrays,
+        tokenizer=tok,
+        vocab_size=tok.get_vocab_size(),
+        fingerprint=_sha(*fps.values()),
+        cache_dir=cdir,
+        corpus=cfg.corpus,
+        split_fingerprints=fps,
+        built=tuple(built),
+        tokenizer_trained=trained,
+        n_bytes={s: m['n_bytes'] for s, m in metas.items()},
+        n_words={s: m['n_words'] for s, m in metas.items()},
+        source=source,
+        tokenizer_file=tpath,
+    )
+
 
 def _current_source(corpus, root, text, cdir: Path) -> str:
     "The source text's fingerprint; with no local copy and no Hub, the one last used here (with a warning)."
-    last = cdir/'source.json'
-    try: source = source_fingerprint(corpus, root, text, memo=cdir/'source-hashes.json')
+    last = cdir / 'source.json'
+    try:
+        source = source_fingerprint(corpus, root, text, memo=cdir / 'source-hashes.json')
     except DataNotFoundError:
-        if root is not None or not last.exists(): raise
+        if root is not None or not last.exists():
+            raise
         rec = json.loads(last.read_text())
-        warnings.warn(f"Cannot read the text of {corpus} to check it (no local copy, no Hub); using the caches of the text "
-                      f"last seen here on {rec['when']} (source {rec['source']}). Set {DATA_ENV} or connect to the Hub to check it.")
+        warnings.warn(
+            f"Cannot read the text of {corpus} to check it (no local copy, no Hub); using the caches of the text "
+            f"last seen here on {rec['when']} (source {rec['source']}). Set {DATA_ENV} or connect to the Hub to check it."
+        )
         return rec['source']
-    try: unchanged = json.loads(last.read_text())['source'] == source
-    except (OSError, ValueError, KeyError): unchanged = False
-    if not unchanged: write_atomic(last, json.dumps(dict(source=source, when=time.strftime('%Y-%m-%d %H:%M:%S'))))
+    try:
+        unchanged = json.loads(last.read_text())['source'] == source
+    except (OSError, ValueError, KeyError):
+        unchanged = False
+    if not unchanged:
+        write_atomic(last, json.dumps(dict(source=source, when=time.strftime('%Y-%m-%d %H:%M:%S'))))
     return source
+
 
 def prepare_data(cfg: ExperimentConfig, data_dir=None, cache_dir=None, verbose: bool = True) -> TokenData:
     "Tokenizer and token ids of `cfg.corpus` (train split cut to `cfg.max_train_lines`), built once and then read from the cache."
     root = resolve_data_dir(data_dir)
-    if root is not None: local_files(cfg.corpus, root)  # a misconfigured local copy is an error even on a cache hit
-    cdir = resolve_cache_dir(cache_dir)/cfg.corpus
+    if root is not None:
+        local_files(cfg.corpus, root)  # a misconfigured local copy is an error even on a cache hit
+    cdir = resolve_cache_dir(cache_dir) / cfg.corpus
     cdir.mkdir(parents=True, exist_ok=True)
     ds = None
+
     def text():
         nonlocal ds
-        if ds is None: ds = load_corpus(cfg.corpus, root, verbose=verbose)
+        if ds is None:
+            ds = load_corpus(cfg.corpus, root, verbose=verbose)
         return ds
+
     source = _current_source(cfg.corpus, root, text, cdir)
     kind = cfg.tokenizer
-    tpath = tokenizer_path(cache_dir, cfg.corpus, cfg.vocab_size, cfg.max_train_lines, source=source,
-                           tokenizer=kind, min_freq=cfg.min_freq)
-    with warnings.catch_warnings():     # a complete cache needs no lock; damage is reported by the locked pass
+    tpath = tokenizer_path(
+        cache_dir, cfg.corpus, cfg.vocab_size, cfg.max_train_lines, source=source, tokenizer=kind, min_freq=cfg.min_freq
+    )
+    with warnings.catch_warnings():  # a complete cache needs no lock; damage is reported by the locked pass
         warnings.simplefilter('ignore')
         td = _from_cache(cfg, cdir, tpath, source, text, verbose, build=False)
     if td is None:
-        with dir_lock(cdir, 'token cache', wait=True):                      # one builder at a time; others wait, then read
+        with dir_lock(cdir, 'token cache', wait=True):  # one builder at a time; others wait, then read
             sweep_stale_tmp(cdir)
             td = _from_cache(cfg, cdir, tpath, source, text, verbose, build=True)
-    if td.vocab_size > cfg.vocab_size: raise ValueError(f"Tokenizer {tpath} has {td.vocab_size} tokens, above vocab_size={cfg.vocab_size}; delete it.")
-    if verbose: print(td, '(from cache)' if not td.built and not td.tokenizer_trained else f"(built: {', '.join(td.built) or 'none'})")
+    if td.vocab_size > cfg.vocab_size:
+        raise ValueError(f"Tokenizer {tpath} has {td.vocab_size} tokens, above vocab_size={cfg.vocab_size}; delete it.")
+    if verbose:
+        print(
+            td,
+            '(from cache)'
+            if not td.built and not td.tokenizer_trained
+            else f"(built: {', '.join(td.built) or 'none'})",
+        )
     return td
 
 # %% ../nbs/02_data.ipynb #24d7b58a
 def bits_per_byte(ce_sum: float, n_bytes: int) -> float:
     "Bits per UTF-8 byte of the scored text, from the summed cross-entropy `ce_sum` in nats."
-    if n_bytes <= 0: raise ValueError(f"bits per byte needs a text of at least one byte, got n_bytes={n_bytes}.")
+    if n_bytes <= 0:
+        raise ValueError(f"bits per byte needs a text of at least one byte, got n_bytes={n_bytes}.")
     return float(ce_sum) / math.log(2) / n_bytes
+
 
 def word_perplexity(ce_sum: float, n_words: int) -> float:
     "Perplexity per whitespace-separated word of the scored text, from the summed cross-entropy `ce_sum` in nats."
-    if n_words <= 0: raise ValueError(f"word perplexity needs a text of at least one word, got n_words={n_words}.")
+    if n_words <= 0:
+        raise ValueError(f"word perplexity needs a text of at least one word, got n_words={n_words}.")
     return math.exp(float(ce_sum) / n_words)
 
 # %% ../nbs/02_data.ipynb #ce15c9ff
@@ -607,8 +892,11 @@ def _to_device(w: np.ndarray, device):
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
 
+
 def _check_len(tokens, seq_len):
-    if len(tokens) < seq_len + 1: raise ValueError(f"A split of {len(tokens)} tokens is too short for windows of seq_len={seq_len} (+1 target).")
+    if len(tokens) < seq_len + 1:
+        raise ValueError(f"A split of {len(tokens)} tokens is too short for windows of seq_len={seq_len} (+1 target).")
+
 
 def get_batch(tokens, batch_size: int, seq_len: int, generator: torch.Generator, device='cpu'):
     "`batch_size` random windows of `tokens`: x, y int64 (batch_size, seq_len), y = x shifted by one; starts drawn from `generator`."
@@ -616,16 +904,19 @@ def get_batch(tokens, batch_size: int, seq_len: int, generator: torch.Generator,
     ix = torch.randint(len(tokens) - seq_len, (batch_size,), generator=generator, device=generator.device).cpu().numpy()
     return _to_device(tokens[ix[:, None] + np.arange(seq_len + 1)], device)
 
+
 def eval_batches(tokens, batch_size: int, seq_len: int, max_batches: int = None, device='cpu'):
     "(x, y) batches of consecutive non-overlapping windows from the start of `tokens`, in order (the last may be smaller)."
     _check_len(tokens, seq_len)
     n = (len(tokens) - 1) // seq_len
     starts = np.arange(n) * seq_len
     nb = -(-n // batch_size) if max_batches is None else min(max_batches, -(-n // batch_size))
+
     def gen():
         for b in range(nb):
-            s = starts[b*batch_size:(b+1)*batch_size]
+            s = starts[b * batch_size : (b + 1) * batch_size]
             yield _to_device(tokens[s[:, None] + np.arange(seq_len + 1)], device)
+
     return gen()
 
 # %% ../nbs/02_data.ipynb #aa9e84e8
@@ -633,20 +924,24 @@ def window_starts(n_tokens: int, seq_len: int, stride: int) -> np.ndarray:
     "Starts 0, stride, 2*stride, ... of every window of `seq_len + 1` tokens that fits in `n_tokens` (the last at most n - seq_len - 1)."
     return np.arange(n_windows(n_tokens, seq_len, stride), dtype=np.int64) * stride
 
+
 def n_windows(n_tokens: int, seq_len: int, stride: int) -> int:
     "How many windows of `seq_len + 1` tokens start at 0, stride, 2*stride, ... within `n_tokens`."
-    if stride < 1: raise ValueError(f"stride must be a positive number of tokens, not {stride}.")
+    if stride < 1:
+        raise ValueError(f"stride must be a positive number of tokens, not {stride}.")
     _check_len(range(n_tokens), seq_len)
     return (n_tokens - seq_len - 1) // stride + 1
+
 
 @functools.lru_cache(maxsize=4)
 def _epoch_order(n_windows: int, seed: int, epoch: int) -> np.ndarray:
     "The order of the windows in epoch `epoch`: a permutation drawn from (seed, epoch) alone."
     return np.random.default_rng([seed, epoch]).permutation(n_windows)
 
+
 def window_batch(tokens, batch_size: int, seq_len: int, stride: int, seed: int, step: int, device='cpu'):
     "Batch number `step` (from 0) of the strided windows of `tokens`, each epoch in its own order drawn from (seed, epoch)."
-    n = n_windows(len(tokens), seq_len, stride)   # start i is i*stride: no array of starts on the training step's path
+    n = n_windows(len(tokens), seq_len, stride)  # start i is i*stride: no array of starts on the training step's path
     pos = np.arange(step * batch_size, (step + 1) * batch_size)  # positions in the endless stream of epochs
     ix = np.empty(batch_size, dtype=np.int64)
     for ep in np.unique(pos // n):

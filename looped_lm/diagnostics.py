@@ -22,24 +22,32 @@ __all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'POLICIES', 'GRANU
 # %% ../nbs/04_diagnostics.ipynb #9cf06f4c
 DIAG_VERSION = 4  # bump whenever a diagnostic changes: cached reports of another version are recomputed
 
+
 def _batches(tokens, batch_size, seq_len, max_batches=None, device='cpu'):
     "Consecutive non-overlapping windows of `tokens` (all of them when `max_batches` is None): the protocol's `token_windows`."
     return token_windows(tokens, seq_len, batch_size, max_batches, device)
+
 
 def _module(obj):
     "The `nn.Module` behind a model or a spec (None for a spec made of plain callables)."
     return obj if isinstance(obj, nn.Module) else getattr(obj, 'module', None)
 
+
 def _looped_config(obj):
     "The `LoopedLMConfig` of a `LoopedLM` (or of the model behind its spec), else None."
     return getattr(_module(obj), 'config', None) if hasattr(getattr(_module(obj), 'config', None), 'readout') else None
 
+
 def _slice_ctx(ctx, rows):
     "The part of a loop context that belongs to the sequences `rows` (tensors with a batch dim are sliced; the rest is shared)."
-    if isinstance(ctx, torch.Tensor): return ctx[rows] if ctx.dim() > 0 else ctx
-    if isinstance(ctx, dict): return {k: _slice_ctx(v, rows) for k, v in ctx.items()}
-    if isinstance(ctx, (list, tuple)): return type(ctx)(_slice_ctx(v, rows) for v in ctx)
+    if isinstance(ctx, torch.Tensor):
+        return ctx[rows] if ctx.dim() > 0 else ctx
+    if isinstance(ctx, dict):
+        return {k: _slice_ctx(v, rows) for k, v in ctx.items()}
+    if isinstance(ctx, (list, tuple)):
+        return type(ctx)(_slice_ctx(v, rows) for v in ctx)
     return ctx
+
 
 def _pieces(spec, h, ctx, k, chunk: int):
     "(rows, logits) of the readout of `h` at loop `k`, `chunk` tokens at a time (whole sequences; 0: all at once)."
@@ -49,6 +57,7 @@ def _pieces(spec, h, ctx, k, chunk: int):
         rows = slice(i, min(B, i + per))
         yield rows, spec.readout(h[rows], ctx if per >= B else _slice_ctx(ctx, rows), k)
 
+
 def token_ce(spec, h, ctx, k, y, chunk: int = 0, scores: bool = False):
     "Per-token CE (B, T) of the loop-`k` readout of `h` against `y` (and, with `scores`, the halting scores of each token)."
     ce, sc = torch.empty(y.shape, dtype=torch.float32, device=y.device), {}
@@ -56,27 +65,39 @@ def token_ce(spec, h, ctx, k, y, chunk: int = 0, scores: bool = False):
         lg = logits.float()
         ce[rows] = F.cross_entropy(lg.flatten(0, -2), y[rows].flatten(), reduction='none').view(y[rows].shape)
         if scores:
-            for p, s in halting_scores(lg).items(): sc.setdefault(p, torch.empty_like(ce))[rows] = s
+            for p, s in halting_scores(lg).items():
+                sc.setdefault(p, torch.empty_like(ce))[rows] = s
         del logits, lg
     return (ce, sc) if scores else ce
 
 # %% ../nbs/04_diagnostics.ipynb #5862c7e3
 @torch.no_grad()
-def eval_exits(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0,
-               n_bytes=None, n_words=None) -> list:
+def eval_exits(
+    spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0, n_bytes=None, n_words=None
+) -> list:
     "Per exit k=1..K: CE, perplexity, bits per byte, word perplexity and the number of scored targets, on the whole of `tokens`."
     spec = as_spec(spec)
     tot, n = np.zeros(spec.K), 0
     for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
         hidden, ctx = run_loops(spec, x, spec.K)
-        for k, h in enumerate(hidden, 1): tot[k-1] += token_ce(spec, h, ctx, k, y, ce_chunk).double().sum().item()
-        n += y.numel(); del hidden
+        for k, h in enumerate(hidden, 1):
+            tot[k - 1] += token_ce(spec, h, ctx, k, y, ce_chunk).double().sum().item()
+        n += y.numel()
+        del hidden
     res = []
     for k in range(1, spec.K + 1):
-        ce = float(tot[k-1]/n)
-        split_ce = ce*len(tokens)   # the mean CE per token, over the split's bytes (words) per token
-        res.append(dict(k=k, ce=float(ce), ppl=math.exp(ce), bpb=bits_per_byte(split_ce, n_bytes) if n_bytes else None,
-                        word_ppl=word_perplexity(split_ce, n_words) if n_words else None, tokens=n))
+        ce = float(tot[k - 1] / n)
+        split_ce = ce * len(tokens)  # the mean CE per token, over the split's bytes (words) per token
+        res.append(
+            dict(
+                k=k,
+                ce=float(ce),
+                ppl=math.exp(ce),
+                bpb=bits_per_byte(split_ce, n_bytes) if n_bytes else None,
+                word_ppl=word_perplexity(split_ce, n_words) if n_words else None,
+                tokens=n,
+            )
+        )
     return res
 
 # %% ../nbs/04_diagnostics.ipynb #0a09640a
@@ -85,89 +106,149 @@ def exit_throughput(model, tokens, batch_size=8, seq_len=64, repeats=5, max_batc
     "Per exit k: median tokens/s of running k loops and one readout, exits interleaved and repeated; spread = (max-min)/median."
     from looped_lm.config import ExperimentConfig
     from looped_lm.model import LoopedLM, LoopedLMConfig, forward_flops_per_token
+
     if isinstance(model, ExperimentConfig):
-        model = LoopedLM(LoopedLMConfig.from_experiment(model)).to(device).eval()  # FLOPs and speed do not depend on the weights
+        model = (
+            LoopedLM(LoopedLMConfig.from_experiment(model)).to(device).eval()
+        )  # FLOPs and speed do not depend on the weights
     spec, cfg = as_spec(model), _looped_config(model)
     bs = list(_batches(tokens, batch_size, seq_len, max_batches, device))
     sync = torch.cuda.synchronize if torch.device(device).type == 'cuda' else (lambda: None)
+
     def run(k):
         for x, _ in bs:
             hidden, ctx = run_loops(spec, x, k)
-            for _ in _pieces(spec, hidden[-1], ctx, k, 0): pass
+            for _ in _pieces(spec, hidden[-1], ctx, k, 0):
+                pass
         sync()
+
     for _ in range(warmup):
-        for k in range(1, spec.K + 1): run(k)
+        for k in range(1, spec.K + 1):
+            run(k)
     secs = {k: [] for k in range(1, spec.K + 1)}
     for _ in range(repeats):
         for k in secs:
-            t0 = time.perf_counter(); run(k); secs[k].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            run(k)
+            secs[k].append(time.perf_counter() - t0)
     n = sum(x.numel() for x, _ in bs)
     res = []
     for k, s in secs.items():
-        tps = [n/t for t in s]; med = statistics.median(tps)
-        res.append(dict(k=k, tokens_per_s=med, spread=(max(tps) - min(tps))/med,
-                        flops_per_token=None if cfg is None else forward_flops_per_token(cfg, seq_len, k)))
+        tps = [n / t for t in s]
+        med = statistics.median(tps)
+        res.append(
+            dict(
+                k=k,
+                tokens_per_s=med,
+                spread=(max(tps) - min(tps)) / med,
+                flops_per_token=None if cfg is None else forward_flops_per_token(cfg, seq_len, k),
+            )
+        )
     return res
 
 # %% ../nbs/04_diagnostics.ipynb #cc7864c1
 def hill_estimator(x, top_frac: float = 0.01) -> float:
     "Hill estimate of the tail index of positive samples `x` from the top `top_frac` of them."
     x = np.sort(np.asarray(x, dtype=np.float64))[::-1]
-    k = max(2, int(len(x)*top_frac))
+    k = max(2, int(len(x) * top_frac))
     logs = np.log(x[:k]) - np.log(x[k])
-    return float(1/np.mean(logs)) if np.mean(logs) > 0 else float('inf')
+    return float(1 / np.mean(logs)) if np.mean(logs) > 0 else float('inf')
 
-HEAVY_TAIL_HILL = 4.0  # a Hill index below this is a heavy tail (the fourth moment diverges); above it the tail is light
+
+HEAVY_TAIL_HILL = (
+    4.0  # a Hill index below this is a heavy tail (the fourth moment diverges); above it the tail is light
+)
+
 
 def token_norms(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu') -> np.ndarray:
     "Per-token L2 norms ||H_k|| (float64), as an array (K, n_tokens): those of the unclamped pass `loop_scores` makes."
     norms = loop_scores(spec, tokens, batch_size, seq_len, max_batches, device)[2]
     return norms.reshape(len(norms), -1)
 
+
 def norm_stats(n: np.ndarray) -> dict:
     "Table 10 statistics of per-token norms `n`: mean, median, p99, max, sd (ddof 0), min, plus the Hill index and its reading."
     n = np.asarray(n, dtype=np.float64)
     hill = hill_estimator(n)
-    return dict(n_tokens=len(n), mean=float(n.mean()), median=float(np.median(n)), p99=float(np.percentile(n, 99)),
-                max=float(n.max()), sd=float(n.std(ddof=0)), min=float(n.min()), hill=hill,
-                tail='heavy' if hill < HEAVY_TAIL_HILL else 'light')
+    return dict(
+        n_tokens=len(n),
+        mean=float(n.mean()),
+        median=float(np.median(n)),
+        p99=float(np.percentile(n, 99)),
+        max=float(n.max()),
+        sd=float(n.std(ddof=0)),
+        min=float(n.min()),
+        hill=hill,
+        tail='heavy' if hill < HEAVY_TAIL_HILL else 'light',
+    )
+
 
 def norm_distribution(norms: np.ndarray, bins: int = 40) -> list:
     "Per loop: `norm_stats`, quantiles p50..p99.9, tail ratio p99.9/p50 and a log-spaced histogram of per-token norms (K, n)."
-    lo, hi = max(norms.min(), 1e-12), norms.max()*1.0001
+    lo, hi = max(norms.min(), 1e-12), norms.max() * 1.0001
     edges = np.geomspace(lo, hi, bins + 1)
     res = []
     for k, n in enumerate(norms, 1):
         q = np.quantile(n, [0.5, 0.9, 0.99, 0.999])
-        res.append(dict(k=k, **norm_stats(n), p50=float(q[0]), p90=float(q[1]), p999=float(q[3]), tail_ratio=float(q[3]/q[0]),
-                        hist=np.histogram(n, edges)[0].tolist(), edges=edges.tolist()))
+        res.append(
+            dict(
+                k=k,
+                **norm_stats(n),
+                p50=float(q[0]),
+                p90=float(q[1]),
+                p999=float(q[3]),
+                tail_ratio=float(q[3] / q[0]),
+                hist=np.histogram(n, edges)[0].tolist(),
+                edges=edges.tolist(),
+            )
+        )
     return res
 
 # %% ../nbs/04_diagnostics.ipynb #c5a860d8
 def float64_spec(obj, K: int = None) -> tuple:
     "(spec, dtype): a float64 copy of a model's spec (the model is deep-copied; a spec of plain callables as it is), run for `K` loops if given."
-    spec, dt = (as_spec(copy.deepcopy(obj).double()), torch.float64) if isinstance(obj, nn.Module) else (as_spec(obj), None)
+    spec, dt = (
+        (as_spec(copy.deepcopy(obj).double()), torch.float64) if isinstance(obj, nn.Module) else (as_spec(obj), None)
+    )
     return (spec if K is None else dataclasses.replace(spec, K=K)), dt
+
 
 def _readout_norm(obj, k: int):
     "('rmsnorm' | 'layernorm', eps) when a `LoopedLM`'s readout at loop `k` normalizes its input, else None."
     c = _looped_config(obj)
-    if c is None: return None
-    if c.readout in ('rmsnorm', 'layernorm'): return c.readout, c.norm_eps
-    if c.readout == 'final_norm' and k >= c.K: return 'rmsnorm', c.norm_eps
+    if c is None:
+        return None
+    if c.readout in ('rmsnorm', 'layernorm'):
+        return c.readout, c.norm_eps
+    if c.readout == 'final_norm' and k >= c.K:
+        return 'rmsnorm', c.norm_eps
     return None
+
 
 def predicted_radial(h: torch.Tensor, norm: str, eps: float) -> float:
     "The visibility lemma's radial fraction through a normalized readout: token mean of eps/mean_c(H^2) (LayerNorm: eps/var_c(H))."
     h = h.detach().double()
     m = h.var(-1, unbiased=False) if norm == 'layernorm' else h.pow(2).mean(-1)
-    return (eps/m).mean().item()
+    return (eps / m).mean().item()
 
-def radial_fractions(model, tokens, batch_size=8, seq_len=64, max_batches=4, device='cpu',
-                     loss: str = 'perloop', norm_penalty: float = 0.0, ce_chunk: int = 0, K: int = None) -> list:
+
+def radial_fractions(
+    model,
+    tokens,
+    batch_size=8,
+    seq_len=64,
+    max_batches=4,
+    device='cpu',
+    loss: str = 'perloop',
+    norm_penalty: float = 0.0,
+    ce_chunk: int = 0,
+    K: int = None,
+) -> list:
     "Per loop: radial fraction of the readout's own CE gradient and of the training objective's, in float64, beside the lemma's prediction."
-    if loss not in ('perloop', 'terminal'): raise ValueError(f"loss must be 'perloop' or 'terminal', got {loss!r}.")
+    if loss not in ('perloop', 'terminal'):
+        raise ValueError(f"loss must be 'perloop' or 'terminal', got {loss!r}.")
     from looped_lm.train import norm_penalty as penalty
+
     spec, dt = float64_spec(model, K)
     K, acc, pred, n = spec.K, np.zeros((spec.K, 2)), [[] for _ in range(spec.K)], 0
     with torch.enable_grad():
@@ -175,20 +256,35 @@ def radial_fractions(model, tokens, batch_size=8, seq_len=64, max_batches=4, dev
             hidden, ctx = run_loops(spec, x, K, grad=True)  # each H_k is the very tensor fed to step k+1
             ces = [token_ce(spec, h, ctx, k, y, ce_chunk).mean() for k, h in enumerate(hidden, 1)]
             obj = torch.stack(ces).mean() if loss == 'perloop' else ces[-1]
-            if norm_penalty > 0: obj = obj + norm_penalty*penalty(hidden)
+            if norm_penalty > 0:
+                obj = obj + norm_penalty * penalty(hidden)
             g_obj = torch.autograd.grad(obj, hidden, retain_graph=True)
             g_own = [torch.autograd.grad(ce, h, retain_graph=True)[0] for ce, h in zip(ces, hidden)]
             for k, h in enumerate(hidden):
-                acc[k] += [radial_fraction(g_own[k].double(), h.double()).item(), radial_fraction(g_obj[k].double(), h.double()).item()]
-                if (rn := _readout_norm(model, k + 1)): pred[k].append(predicted_radial(h, *rn))
-            n += 1; del hidden, ces, obj
-    return [dict(k=k+1, readout=float(acc[k, 0]/n), objective=float(acc[k, 1]/n), predicted=float(np.mean(pred[k])) if pred[k] else None,
-                 dtype=str(dt or 'model dtype').replace('torch.', '')) for k in range(K)]
+                acc[k] += [
+                    radial_fraction(g_own[k].double(), h.double()).item(),
+                    radial_fraction(g_obj[k].double(), h.double()).item(),
+                ]
+                if rn := _readout_norm(model, k + 1):
+                    pred[k].append(predicted_radial(h, *rn))
+            n += 1
+            del hidden, ces, obj
+    return [
+        dict(
+            k=k + 1,
+            readout=float(acc[k, 0] / n),
+            objective=float(acc[k, 1] / n),
+            predicted=float(np.mean(pred[k])) if pred[k] else None,
+            dtype=str(dt or 'model dtype').replace('torch.', ''),
+        )
+        for k in range(K)
+    ]
 
 # %% ../nbs/04_diagnostics.ipynb #8244d3c3
 def _b_perp(prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     "Per-token norm of the part of the update h - prev orthogonal to prev (float64)."
     return torch.linalg.vector_norm(radial_tangential((h - prev).double(), prev.double())[1], dim=-1)
+
 
 @torch.no_grad()
 def angular_updates(model, tokens, batch_size=8, seq_len=64, max_batches=4, device='cpu', K: int = None) -> list:
@@ -198,69 +294,100 @@ def angular_updates(model, tokens, batch_size=8, seq_len=64, max_batches=4, devi
     for x, _ in _batches(tokens, batch_size, seq_len, max_batches, device):
         hid = [h.double() for h in run_loops(spec, x, spec.K)[0]]
         for k in rows:
-            a, b = hid[k-2], hid[k-1]
-            rows[k].append(torch.stack([angle_between(a, b), torch.linalg.vector_norm(a, dim=-1), _b_perp(a, b)]).flatten(1))
+            a, b = hid[k - 2], hid[k - 1]
+            rows[k].append(
+                torch.stack([angle_between(a, b), torch.linalg.vector_norm(a, dim=-1), _b_perp(a, b)]).flatten(1)
+            )
     res = []
     for k, r in rows.items():
         th, s, bp = torch.cat(r, 1)
-        res.append(dict(k=k, angle=th.mean().item(), s_prev=s.mean().item(), angle_times_s=(th*s).mean().item(),
-                        b_perp=bp.mean().item(), ratio=((th*s).mean()/bp.mean()).item()))
+        res.append(
+            dict(
+                k=k,
+                angle=th.mean().item(),
+                s_prev=s.mean().item(),
+                angle_times_s=(th * s).mean().item(),
+                b_perp=bp.mean().item(),
+                ratio=((th * s).mean() / bp.mean()).item(),
+            )
+        )
     return res
+
 
 @torch.no_grad()
 def angle_scaling(model, x, k: int = 2, alphas=(1, 10, 100, 1000, 10000)) -> list:
     "The 1/s law on the same tokens: H_{k-1} rescaled by alpha, one step, mean angle theta(alpha) and theta*alpha (const for large alpha)."
     spec, _ = float64_spec(model)
-    if not 2 <= k <= spec.K: raise ValueError(f"k must be a transition 2..{spec.K}, got {k}.")
+    if not 2 <= k <= spec.K:
+        raise ValueError(f"k must be a transition 2..{spec.K}, got {k}.")
     hid, ctx = run_loops(spec, x, k - 1)
     res = []
     for a in alphas:
-        prev = a*hid[-1]
+        prev = a * hid[-1]
         th = angle_between(prev, spec.step(prev, ctx, k)).mean().item()
-        res.append(dict(alpha=float(a), angle=th, angle_times_alpha=th*a))
+        res.append(dict(alpha=float(a), angle=th, angle_times_alpha=th * a))
     return res
 
 # %% ../nbs/04_diagnostics.ipynb #99e8a54e
 @torch.no_grad()
-def clamp_modes(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0, modes=CLAMPS, plain=None) -> dict:
+def clamp_modes(
+    spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0, modes=CLAMPS, plain=None
+) -> dict:
     """Per clamp mode and loop k: CE, perplexity, mean per-token L2 norm and RMS of H_k, and CE change / PPL ratio against no
     clamp. `plain`: `loop_scores` of the same windows, whose unclamped pass then gives the `none` rows without running it again."""
     spec = as_spec(spec)
     run = [m for m in modes if not (m == 'none' and plain is not None)]
-    acc = {m: np.zeros((spec.K, 3)) for m in run}; n = 0
+    acc = {m: np.zeros((spec.K, 3)) for m in run}
+    n = 0
     if plain is not None and 'none' in modes:
         ce, _, l2, d = plain
-        acc = {'none': np.stack([ce.sum((1, 2)), l2.sum((1, 2)), l2.sum((1, 2))/math.sqrt(d)], 1), **acc}
+        acc = {'none': np.stack([ce.sum((1, 2)), l2.sum((1, 2)), l2.sum((1, 2)) / math.sqrt(d)], 1), **acc}
     for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
         for m in run:
             hidden, ctx = run_loops(spec, x, spec.K, clamp=m)
             for k, h in enumerate(hidden, 1):
                 l2 = torch.linalg.vector_norm(h.double(), dim=-1)
-                acc[m][k-1] += [token_ce(spec, h, ctx, k, y, ce_chunk).double().sum().item(), l2.sum().item(),
-                                (l2/math.sqrt(h.shape[-1])).sum().item()]
+                acc[m][k - 1] += [
+                    token_ce(spec, h, ctx, k, y, ce_chunk).double().sum().item(),
+                    l2.sum().item(),
+                    (l2 / math.sqrt(h.shape[-1])).sum().item(),
+                ]
         n += y.numel()
-    if plain is not None: n = plain[0][0].size   # the same windows (tokens per loop)
-    res = {m: [dict(k=k, ce=ce, ppl=math.exp(ce), norm_l2=l2, norm_rms=rms) for k, (ce, l2, rms) in enumerate((a/n).tolist(), 1)]
-           for m, a in acc.items()}
+    if plain is not None:
+        n = plain[0][0].size  # the same windows (tokens per loop)
+    res = {
+        m: [
+            dict(k=k, ce=ce, ppl=math.exp(ce), norm_l2=l2, norm_rms=rms)
+            for k, (ce, l2, rms) in enumerate((a / n).tolist(), 1)
+        ]
+        for m, a in acc.items()
+    }
     base = res.get('none')
     for rows in res.values():
         for r in rows:
-            if base: r.update(delta_ce=r['ce'] - base[r['k']-1]['ce'], ppl_ratio=r['ppl']/base[r['k']-1]['ppl'])
-            r['norm_ratio_vs_loop1'] = r['norm_l2']/rows[0]['norm_l2']
+            if base:
+                r.update(delta_ce=r['ce'] - base[r['k'] - 1]['ce'], ppl_ratio=r['ppl'] / base[r['k'] - 1]['ppl'])
+            r['norm_ratio_vs_loop1'] = r['norm_l2'] / rows[0]['norm_l2']
     return res
+
 
 SCALE_ALPHAS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
 
+
 @torch.no_grad()
-def scale_sensitivity(spec, tokens, batch_size=8, seq_len=64, max_batches=4, device='cpu', ce_chunk=0, alphas=SCALE_ALPHAS) -> list:
+def scale_sensitivity(
+    spec, tokens, batch_size=8, seq_len=64, max_batches=4, device='cpu', ce_chunk=0, alphas=SCALE_ALPHAS
+) -> list:
     "CE and perplexity of the final readout with H_K multiplied by alpha (flat for a scale-invariant readout)."
     spec = as_spec(spec)
     tot, n = np.zeros(len(alphas)), 0
     for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
         hidden, ctx = run_loops(spec, x, spec.K)
-        for i, a in enumerate(alphas): tot[i] += token_ce(spec, a*hidden[-1], ctx, spec.K, y, ce_chunk).double().sum().item()
+        for i, a in enumerate(alphas):
+            tot[i] += token_ce(spec, a * hidden[-1], ctx, spec.K, y, ce_chunk).double().sum().item()
         n += y.numel()
-    return [dict(alpha=float(a), ce=t/n, ppl=math.exp(t/n)) for a, t in zip(alphas, tot.tolist())]
+    return [dict(alpha=float(a), ce=t / n, ppl=math.exp(t / n)) for a, t in zip(alphas, tot.tolist())]
+
 
 @torch.no_grad()
 def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=5, device='cpu') -> list:
@@ -270,36 +397,52 @@ def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=
     for x, _ in _batches(tokens, batch_size, seq_len, max_batches, device):
         hid = [h.double() for h in run_loops(spec, x, loops)[0]]
         rms = [h.pow(2).mean(-1, keepdim=True).sqrt() for h in hid]
-        u = [h/r for h, r in zip(hid, rms)]
+        u = [h / r for h, r in zip(hid, rms)]
         for k in range(loops - 1):
-            du = torch.linalg.vector_norm(u[k+1] - u[k], dim=-1)
-            acc[k] += [rms[k].mean().item(), (u[k]*(hid[k+1] - hid[k])).sum(-1).mean().item(), du.mean().item(),
-                       (du*rms[k][..., 0]).mean().item()]
-        nb += 1; del hid, u
-    return [dict(k=k, s=s, a=a, du=du, du_times_s=dus) for k, (s, a, du, dus) in enumerate((acc/nb).tolist(), 1)]
+            du = torch.linalg.vector_norm(u[k + 1] - u[k], dim=-1)
+            acc[k] += [
+                rms[k].mean().item(),
+                (u[k] * (hid[k + 1] - hid[k])).sum(-1).mean().item(),
+                du.mean().item(),
+                (du * rms[k][..., 0]).mean().item(),
+            ]
+        nb += 1
+        del hid, u
+    return [dict(k=k, s=s, a=a, du=du, du_times_s=dus) for k, (s, a, du, dus) in enumerate((acc / nb).tolist(), 1)]
 
 # %% ../nbs/04_diagnostics.ipynb #2c6dd600
 POLICIES = ('max_prob', 'logit_margin', 'entropy')
 GRANULARITIES = ('sequence', 'token')
+
 
 def halting_scores(logits: torch.Tensor) -> dict:
     "Per-token confidence of `logits` (..., V): max_prob = top-1 probability, logit_margin = top1 - top2, entropy = 1 - H/ln V."
     z = logits.float()
     lse, top = torch.logsumexp(z, -1), z.topk(2, dim=-1).values
     p = torch.softmax(z, -1)
-    ent = lse - (p*z).sum(-1)
-    return dict(max_prob=(top[..., 0] - lse).exp(), logit_margin=top[..., 0] - top[..., 1],
-                entropy=1 - ent/math.log(z.shape[-1]))
+    ent = lse - (p * z).sum(-1)
+    return dict(
+        max_prob=(top[..., 0] - lse).exp(),
+        logit_margin=top[..., 0] - top[..., 1],
+        entropy=1 - ent / math.log(z.shape[-1]),
+    )
+
 
 def halting_policy(policy: str, threshold: float, K: int, granularity: str = 'token'):
     "An exit rule for `LoopedLM.generate(halting=...)`: (logits, k) -> bool mask, True where the score reaches `threshold` (always at k >= K)."
-    if policy not in POLICIES: raise ValueError(f"Unknown halting policy {policy!r}; choose one of {', '.join(POLICIES)}.")
-    if granularity not in GRANULARITIES: raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}.")
+    if policy not in POLICIES:
+        raise ValueError(f"Unknown halting policy {policy!r}; choose one of {', '.join(POLICIES)}.")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}.")
+
     def rule(logits, k):
         s = halting_scores(logits)[policy]
-        if granularity == 'sequence' and s.dim() > 1: s = s.mean(-1)
+        if granularity == 'sequence' and s.dim() > 1:
+            s = s.mean(-1)
         return torch.ones_like(s, dtype=torch.bool) if k >= K else s >= threshold
+
     return rule
+
 
 @torch.no_grad()
 def loop_scores(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0) -> tuple:
@@ -311,15 +454,24 @@ def loop_scores(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device
         hidden, ctx = run_loops(spec, x, spec.K)
         per = [token_ce(spec, h, ctx, k, y, ce_chunk, scores=True) for k, h in enumerate(hidden, 1)]
         ces.append(torch.stack([c for c, _ in per]).cpu())
-        for p in POLICIES: scs[p].append(torch.stack([s[p] for _, s in per]).cpu())
-        nrm.append(torch.stack([torch.linalg.vector_norm(h.double(), dim=-1) for h in hidden]).cpu()); d = hidden[0].shape[-1]
-    return (torch.cat(ces, 1).double().numpy(), {p: torch.cat(v, 1).double().numpy() for p, v in scs.items()},
-            torch.cat(nrm, 1).numpy(), d)
+        for p in POLICIES:
+            scs[p].append(torch.stack([s[p] for _, s in per]).cpu())
+        nrm.append(torch.stack([torch.linalg.vector_norm(h.double(), dim=-1) for h in hidden]).cpu())
+        d = hidden[0].shape[-1]
+    return (
+        torch.cat(ces, 1).double().numpy(),
+        {p: torch.cat(v, 1).double().numpy() for p, v in scs.items()},
+        torch.cat(nrm, 1).numpy(),
+        d,
+    )
+
 
 def _items(ce, score, granularity):
     "(CE sum, score, tokens) per item: a sequence (summed CE, mean score) or a token."
-    if granularity == 'sequence': return ce.sum(-1), score.mean(-1), ce.shape[-1]
+    if granularity == 'sequence':
+        return ce.sum(-1), score.mean(-1), ce.shape[-1]
     return ce.reshape(len(ce), -1), score.reshape(len(score), -1), 1
+
 
 def exit_outcome(ce, score, threshold: float, granularity: str = 'sequence') -> dict:
     "Each item exits at the first loop k < K whose score >= `threshold`, else at K: perplexity and average loops (ce, score: (K, N, T))."
@@ -328,7 +480,8 @@ def exit_outcome(ce, score, threshold: float, granularity: str = 'sequence') -> 
     hit = s[:-1] >= threshold
     exit_k = np.where(hit.any(0), hit.argmax(0), K - 1) if K > 1 else np.zeros(c.shape[1], int)
     tot = c[exit_k, np.arange(c.shape[1])].sum()
-    return dict(ppl=math.exp(tot/(c.shape[1]*t)), avg_loops=float(exit_k.mean() + 1))
+    return dict(ppl=math.exp(tot / (c.shape[1] * t)), avg_loops=float(exit_k.mean() + 1))
+
 
 def calibrate_threshold(ce, score, granularity='sequence', target: float = 1.01, n_quantiles: int = 51) -> float:
     "The threshold with the fewest average loops whose perplexity stays within `target` x the fixed-depth one (+inf: never exit early)."
@@ -336,21 +489,42 @@ def calibrate_threshold(ce, score, granularity='sequence', target: float = 1.01,
     cand = np.unique(np.quantile(s[:-1], np.linspace(0, 1, n_quantiles))) if len(s) > 1 else np.array([])
     cand = [math.inf, *cand.tolist(), float(s[:-1].min() - 1e-6) if len(s) > 1 else math.inf]
     fixed = exit_outcome(ce, score, math.inf, granularity)['ppl']
-    ok = [(o['avg_loops'], o['ppl'], th) for th in cand if (o := exit_outcome(ce, score, th, granularity))['ppl'] <= target*fixed]
+    ok = [
+        (o['avg_loops'], o['ppl'], th)
+        for th in cand
+        if (o := exit_outcome(ce, score, th, granularity))['ppl'] <= target * fixed
+    ]
     return min(ok)[2]
+
 
 def adaptive_halting(ce, scores: dict, target: float = 1.01, policies=POLICIES, granularities=GRANULARITIES) -> list:
     "Table 8: per policy and granularity, a threshold calibrated on the first half of the windows, scored on the second half."
     N = ce.shape[1]
-    if N < 2: raise ValueError(f"Calibrated halting needs at least 2 windows (one to calibrate, one to score), got {N}.")
-    cal, ev = slice(0, N//2), slice(N//2, N)
+    if N < 2:
+        raise ValueError(f"Calibrated halting needs at least 2 windows (one to calibrate, one to score), got {N}.")
+    cal, ev = slice(0, N // 2), slice(N // 2, N)
     res = []
     for p in policies:
         for g in granularities:
             th = calibrate_threshold(ce[:, cal], scores[p][:, cal], g, target)
-            o, fixed = exit_outcome(ce[:, ev], scores[p][:, ev], th, g), exit_outcome(ce[:, ev], scores[p][:, ev], math.inf, g)
-            res.append(dict(policy=p, granularity=g, threshold=th, avg_loops=o['avg_loops'], ppl=o['ppl'],
-                            ppl_ratio=o['ppl']/fixed['ppl'], fixed_ppl=fixed['ppl'], target=target, n_calibrate=N//2, n_scored=N - N//2))
+            o, fixed = (
+                exit_outcome(ce[:, ev], scores[p][:, ev], th, g),
+                exit_outcome(ce[:, ev], scores[p][:, ev], math.inf, g),
+            )
+            res.append(
+                dict(
+                    policy=p,
+                    granularity=g,
+                    threshold=th,
+                    avg_loops=o['avg_loops'],
+                    ppl=o['ppl'],
+                    ppl_ratio=o['ppl'] / fixed['ppl'],
+                    fixed_ppl=fixed['ppl'],
+                    target=target,
+                    n_calibrate=N // 2,
+                    n_scored=N - N // 2,
+                )
+            )
     return res
 
 # %% ../nbs/04_diagnostics.ipynb #cc406767
@@ -362,93 +536,156 @@ def _dynamic_ce(spec, x, y, rule, ce_chunk=0):
     for k in range(1, spec.K + 1):
         h = spec.step(h, ctx, k)
         done, ce = [], []
-        for rows, lg in _pieces(spec, h, ctx, k, ce_chunk):   # one readout a loop: the exit rule and the CE read the same logits
+        for rows, lg in _pieces(
+            spec, h, ctx, k, ce_chunk
+        ):  # one readout a loop: the exit rule and the CE read the same logits
             done.append(rule(lg, k) if k < spec.K else torch.ones(len(lg), dtype=torch.bool, device=lg.device))
-            ce.append(F.cross_entropy(lg.float().flatten(0, -2), y[rows].flatten(), reduction='none').view(y[rows].shape).sum(-1))
+            ce.append(
+                F.cross_entropy(lg.float().flatten(0, -2), y[rows].flatten(), reduction='none')
+                .view(y[rows].shape)
+                .sum(-1)
+            )
         done, ce = torch.cat(done), torch.cat(ce)
-        tot += ce[done].double().sum().item(); loops += k*int(done.sum())
+        tot += ce[done].double().sum().item()
+        loops += k * int(done.sum())
         keep = ~done
-        if not keep.any(): break
+        if not keep.any():
+            break
         h, ctx, y = h[keep], _slice_ctx(ctx, keep), y[keep]
     return tot, loops
 
+
 @torch.no_grad()
-def halting_speed(spec, tokens, policy: str, threshold: float, batch_size=8, seq_len=64, max_batches=4, device='cpu',
-                  repeats: int = 3, ce_chunk=0) -> dict:
+def halting_speed(
+    spec,
+    tokens,
+    policy: str,
+    threshold: float,
+    batch_size=8,
+    seq_len=64,
+    max_batches=4,
+    device='cpu',
+    repeats: int = 3,
+    ce_chunk=0,
+) -> dict:
     "Measured speed-up of sequence-level halting that really drops exited sequences, against the fixed-depth run (never asserted)."
     spec = as_spec(spec)
     rule = halting_policy(policy, threshold, spec.K, 'sequence')
     bs = list(_batches(tokens, batch_size, seq_len, max_batches, device))
     sync = torch.cuda.synchronize if torch.device(device).type == 'cuda' else (lambda: None)
+
     def fixed():
         tot = 0.0
         for x, y in bs:
             hidden, ctx = run_loops(spec, x, spec.K)
             tot += token_ce(spec, hidden[-1], ctx, spec.K, y, ce_chunk).double().sum().item()
-        return tot, spec.K*len(torch.cat([x for x, _ in bs]))
+        return tot, spec.K * len(torch.cat([x for x, _ in bs]))
+
     def dynamic():
         r = [_dynamic_ce(spec, x, y, rule, ce_chunk) for x, y in bs]
         return sum(a for a, _ in r), sum(b for _, b in r)
+
     secs, out = {'fixed': [], 'dynamic': []}, {}
-    for _ in range(repeats + 1):                       # the first round warms up and is not timed
+    for _ in range(repeats + 1):  # the first round warms up and is not timed
         for name, fn in (('fixed', fixed), ('dynamic', dynamic)):
-            sync(); t0 = time.perf_counter(); out[name] = fn(); sync(); secs[name].append(time.perf_counter() - t0)
+            sync()
+            t0 = time.perf_counter()
+            out[name] = fn()
+            sync()
+            secs[name].append(time.perf_counter() - t0)
     n_seq, n_tok = sum(len(x) for x, _ in bs), sum(y.numel() for _, y in bs)
     fs, ds = statistics.median(secs['fixed'][1:]), statistics.median(secs['dynamic'][1:])
-    return dict(policy=policy, threshold=threshold, avg_loops=out['dynamic'][1]/n_seq, fixed_ppl=math.exp(out['fixed'][0]/n_tok),
-                dynamic_ppl=math.exp(out['dynamic'][0]/n_tok), fixed_s=fs, dynamic_s=ds, speedup=fs/ds, tokens=n_tok)
+    return dict(
+        policy=policy,
+        threshold=threshold,
+        avg_loops=out['dynamic'][1] / n_seq,
+        fixed_ppl=math.exp(out['fixed'][0] / n_tok),
+        dynamic_ppl=math.exp(out['dynamic'][0] / n_tok),
+        fixed_s=fs,
+        dynamic_s=ds,
+        speedup=fs / ds,
+        tokens=n_tok,
+    )
 
 # %% ../nbs/04_diagnostics.ipynb #a660c4e8
 def _fmt(v) -> str:
-    if v is None: return '–'
+    if v is None:
+        return '–'
     if isinstance(v, float):
-        if math.isinf(v) or math.isnan(v): return str(v)
+        if math.isinf(v) or math.isnan(v):
+            return str(v)
         return f'{v:.3g}' if 1e-3 <= abs(v) < 1e5 or v == 0 else f'{v:.2e}'
     return str(v)
 
+
 def _table(rows: list, cols: list) -> str:
     "A markdown table of the `cols` of `rows`."
-    lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|'*len(cols)]
+    lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
     return '\n'.join(lines + ['| ' + ' | '.join(_fmt(r.get(c)) for c in cols) + ' |' for r in rows])
+
 
 class DiagnosticReport(dict):
     "Every diagnostic of one model: a plain JSON-able dict that prints as the paper's tables and draws the key figure."
+
     def tables(self) -> dict:
         "{title: markdown table} of the report's parts."
         t = {}
         for split, rows in self.get('exits', {}).items():
             t[f'Exits ({split}; PPL per exit depth)'] = _table(rows, ['k', 'ce', 'ppl', 'bpb', 'word_ppl', 'tokens'])
-        if 'radial' in self: t['Radial gradient fractions (float64)'] = _table(self['radial'], ['k', 'readout', 'predicted', 'objective'])
+        if 'radial' in self:
+            t['Radial gradient fractions (float64)'] = _table(
+                self['radial'], ['k', 'readout', 'predicted', 'objective']
+            )
         if 'clamp' in self:
-            t['Radial clamp modes (Table 4)'] = _table([dict(mode=m, **r) for m, rows in self['clamp'].items() for r in rows],
-                                                      ['mode', 'k', 'ppl', 'delta_ce', 'ppl_ratio', 'norm_l2', 'norm_rms', 'norm_ratio_vs_loop1'])
-        if self.get('norms'): t['Per-token norms at the final loop (Table 10)'] = _table(self['norms'][-1:], ['k', 'mean', 'median', 'p99', 'max', 'sd', 'min', 'hill', 'tail'])
-        if 'halting' in self: t['Calibrated adaptive halting (Table 8)'] = _table(self['halting'], ['policy', 'granularity', 'threshold', 'avg_loops', 'ppl', 'fixed_ppl', 'ppl_ratio'])
-        if 'scale' in self: t['Scale sensitivity of the final readout'] = _table(self['scale'], ['alpha', 'ce', 'ppl'])
-        if 'angular' in self: t['Angular updates (float64)'] = _table(self['angular'], ['k', 'angle', 's_prev', 'angle_times_s', 'b_perp', 'ratio'])
-        if 'lemma2' in self: t['Lemma 2 beyond the training depth'] = _table(self['lemma2'], ['k', 's', 'a', 'du', 'du_times_s'])
+            t['Radial clamp modes (Table 4)'] = _table(
+                [dict(mode=m, **r) for m, rows in self['clamp'].items() for r in rows],
+                ['mode', 'k', 'ppl', 'delta_ce', 'ppl_ratio', 'norm_l2', 'norm_rms', 'norm_ratio_vs_loop1'],
+            )
+        if self.get('norms'):
+            t['Per-token norms at the final loop (Table 10)'] = _table(
+                self['norms'][-1:], ['k', 'mean', 'median', 'p99', 'max', 'sd', 'min', 'hill', 'tail']
+            )
+        if 'halting' in self:
+            t['Calibrated adaptive halting (Table 8)'] = _table(
+                self['halting'], ['policy', 'granularity', 'threshold', 'avg_loops', 'ppl', 'fixed_ppl', 'ppl_ratio']
+            )
+        if 'scale' in self:
+            t['Scale sensitivity of the final readout'] = _table(self['scale'], ['alpha', 'ce', 'ppl'])
+        if 'angular' in self:
+            t['Angular updates (float64)'] = _table(
+                self['angular'], ['k', 'angle', 's_prev', 'angle_times_s', 'b_perp', 'ratio']
+            )
+        if 'lemma2' in self:
+            t['Lemma 2 beyond the training depth'] = _table(self['lemma2'], ['k', 's', 'a', 'du', 'du_times_s'])
         return t
 
     def _repr_markdown_(self) -> str:
         head = f"**{self.get('name', 'model')}** — H_k: {self.get('state') or 'unstated'}; diagnostics v{self.get('version')}"
         return '\n\n'.join([head] + [f'**{k}**\n\n{v}' for k, v in self.tables().items()])
-    def __repr__(self): return self._repr_markdown_()
+
+    def __repr__(self):
+        return self._repr_markdown_()
 
     def plot(self, axs=None):
         "The key figure: PPL per exit, radial fraction (and the lemma's prediction) per loop, and ||du||*s beyond the training depth."
         import matplotlib.pyplot as plt
-        if axs is None: fig, axs = plt.subplots(1, 3, figsize=(12, 3.2))
+
+        if axs is None:
+            fig, axs = plt.subplots(1, 3, figsize=(12, 3.2))
         ex = self['exits']['validation']
-        axs[0].plot([e['k'] for e in ex], [e['ppl'] for e in ex], 'o-'); axs[0].set(xlabel='exit depth k', ylabel='validation PPL')
+        axs[0].plot([e['k'] for e in ex], [e['ppl'] for e in ex], 'o-')
+        axs[0].set(xlabel='exit depth k', ylabel='validation PPL')
         r = self.get('radial', [])
         axs[1].semilogy([x['k'] for x in r], [x['readout'] for x in r], 'o-', label='readout (measured)')
         if r and r[0]['predicted'] is not None:
             axs[1].semilogy([x['k'] for x in r], [x['predicted'] for x in r], 'k--', label='eps/mean(H²)')
-        axs[1].set(xlabel='loop k', ylabel='radial fraction'); axs[1].legend(fontsize=7)
+        axs[1].set(xlabel='loop k', ylabel='radial fraction')
+        axs[1].legend(fontsize=7)
         l2 = self.get('lemma2', [])
         axs[2].loglog([x['s'] for x in l2], [x['du'] for x in l2], '.-', label='‖Δu‖')
         axs[2].loglog([x['s'] for x in l2], [x['du_times_s'] for x in l2], '.-', label='‖Δu‖·s')
-        axs[2].set(xlabel='s_k (RMS)', title=f'{len(l2) + 1} loops'); axs[2].legend(fontsize=7)
+        axs[2].set(xlabel='s_k (RMS)', title=f'{len(l2) + 1} loops')
+        axs[2].legend(fontsize=7)
         return axs
 
 # %% ../nbs/04_diagnostics.ipynb #03206adb
@@ -456,88 +693,157 @@ def _splits(data) -> tuple:
     "({split: token ids}, {split: (n_bytes, n_words)}) of a `TokenData`, a dict of splits, or one array of token ids (validation)."
     if hasattr(data, 'validation') and hasattr(data, 'test'):
         nb, nw = getattr(data, 'n_bytes', None) or {}, getattr(data, 'n_words', None) or {}
-        return {s: data.split(s) for s in ('validation', 'test')}, {s: (nb.get(s), nw.get(s)) for s in ('validation', 'test')}
-    if isinstance(data, dict): return dict(data), {s: (None, None) for s in data}
+        return {s: data.split(s) for s in ('validation', 'test')}, {
+            s: (nb.get(s), nw.get(s)) for s in ('validation', 'test')
+        }
+    if isinstance(data, dict):
+        return dict(data), {s: (None, None) for s in data}
     return {'validation': data}, {'validation': (None, None)}
 
-def _check_args(splits: dict, batch_size, seq_len, spec):
-    if not (isinstance(batch_size, int) and batch_size >= 1): raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-    if not (isinstance(seq_len, int) and seq_len >= 1): raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}.")
-    if 'validation' not in splits: raise ValueError(f"diagnose needs a 'validation' split, got {', '.join(splits)}.")
-    for s, t in splits.items():
-        if len(t) < 2*seq_len + 1: raise ValueError(f"The {s} split has {len(t)} tokens: too short for two windows of seq_len={seq_len}; pass more tokens or a smaller seq_len.")
 
-def diagnose(model, data, batch_size: int = 8, seq_len: int = 64, K: int = None, max_batches: int = None, device='cpu',
-             loss: str = 'perloop', norm_penalty: float = 0.0, ce_chunk: int = 0, few_tokens: int = 8192,
-             lemma_loops: int = 30, halting_target: float = 1.01, subset_tokens: int = 40960) -> DiagnosticReport:
+def _check_args(splits: dict, batch_size, seq_len, spec):
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    if not (isinstance(seq_len, int) and seq_len >= 1):
+        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}.")
+    if 'validation' not in splits:
+        raise ValueError(f"diagnose needs a 'validation' split, got {', '.join(splits)}.")
+    for s, t in splits.items():
+        if len(t) < 2 * seq_len + 1:
+            raise ValueError(
+                f"The {s} split has {len(t)} tokens: too short for two windows of seq_len={seq_len}; pass more tokens or a smaller seq_len."
+            )
+
+
+def diagnose(
+    model,
+    data,
+    batch_size: int = 8,
+    seq_len: int = 64,
+    K: int = None,
+    max_batches: int = None,
+    device='cpu',
+    loss: str = 'perloop',
+    norm_penalty: float = 0.0,
+    ce_chunk: int = 0,
+    few_tokens: int = 8192,
+    lemma_loops: int = 30,
+    halting_target: float = 1.01,
+    subset_tokens: int = 40960,
+) -> DiagnosticReport:
     "Every diagnostic of a `LoopedLM` or `LoopSpec` on token ids (`TokenData`, {split: ids} or one array = validation)."
     spec = as_spec(model)
-    if K is not None: spec = dataclasses.replace(spec, K=K)
+    if K is not None:
+        spec = dataclasses.replace(spec, K=K)
     splits, units = _splits(data)
     _check_args(splits, batch_size, seq_len, spec)
     kw = dict(batch_size=batch_size, seq_len=seq_len, device=device)
-    val, per = splits['validation'], batch_size*seq_len
-    sub = min(max_batches or math.inf, -(-subset_tokens // per))   # norms, clamp modes, halting: the first ~40k validation tokens
-    few = min(max_batches or math.inf, -(-few_tokens // per))      # float64 gradients, angles, scale, Lemma 2: the first ~8k
+    val, per = splits['validation'], batch_size * seq_len
+    sub = min(
+        max_batches or math.inf, -(-subset_tokens // per)
+    )  # norms, clamp modes, halting: the first ~40k validation tokens
+    few = min(
+        max_batches or math.inf, -(-few_tokens // per)
+    )  # float64 gradients, angles, scale, Lemma 2: the first ~8k
     x, _ = next(iter(_batches(val, min(batch_size, 2), seq_len, 1, device)))
     check = check_spec(spec, x)  # raises LoopSpecError on a broken spec
     check = {k: v for k, v in check.items() if isinstance(v, (int, float, str, bool, type(None)))}
-    plain = loop_scores(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw)   # one unclamped pass: halting, norms, clamp 'none'
+    plain = loop_scores(
+        spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw
+    )  # one unclamped pass: halting, norms, clamp 'none'
     ce, scores, norms, _ = plain
     return DiagnosticReport(
-        version=DIAG_VERSION, name=spec.name, state=spec.state, K=spec.K, spec_check=check,
-        exits={s: eval_exits(spec, t, max_batches=max_batches, ce_chunk=ce_chunk, n_bytes=units[s][0], n_words=units[s][1], **kw)
-               for s, t in splits.items()},
+        version=DIAG_VERSION,
+        name=spec.name,
+        state=spec.state,
+        K=spec.K,
+        spec_check=check,
+        exits={
+            s: eval_exits(
+                spec, t, max_batches=max_batches, ce_chunk=ce_chunk, n_bytes=units[s][0], n_words=units[s][1], **kw
+            )
+            for s, t in splits.items()
+        },
         norms=norm_distribution(norms.reshape(len(norms), -1)),
-        radial=radial_fractions(model, val, max_batches=few, loss=loss, norm_penalty=norm_penalty, ce_chunk=ce_chunk, K=K, **kw),
+        radial=radial_fractions(
+            model, val, max_batches=few, loss=loss, norm_penalty=norm_penalty, ce_chunk=ce_chunk, K=K, **kw
+        ),
         angular=angular_updates(model, val, max_batches=few, K=K, **kw),
         clamp=clamp_modes(spec, val, max_batches=sub, ce_chunk=ce_chunk, plain=plain, **kw),
         scale=scale_sensitivity(spec, val, max_batches=few, ce_chunk=ce_chunk, **kw),
         lemma2=lemma2(spec, val, lemma_loops, max_batches=few, **kw),
-        halting=adaptive_halting(ce, scores, halting_target))
+        halting=adaptive_halting(ce, scores, halting_target),
+    )
 
 # %% ../nbs/04_diagnostics.ipynb #d5646914
 def matches_key(rec, key: dict) -> bool:
     "Whether `rec` is a dict holding every item of `key`: the test of every cached result (a None key never matches)."
     return isinstance(rec, dict) and key is not None and all(rec.get(k) == v for k, v in key.items())
 
+
 def _cached(p: Path, key: dict):
     "The report cached in `p` if it was written for `key` (version, checkpoint, batches); a damaged file is recomputed with a warning."
-    if not p.exists(): return None
-    try: rep = json.loads(p.read_text())
+    if not p.exists():
+        return None
+    try:
+        rep = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
-        warnings.warn(f"{p} is damaged ({type(e).__name__}: {e}); recomputing the diagnostics."); return None
+        warnings.warn(f"{p} is damaged ({type(e).__name__}: {e}); recomputing the diagnostics.")
+        return None
     if not isinstance(rep, dict):
-        warnings.warn(f"{p} does not hold a report; recomputing the diagnostics."); return None
+        warnings.warn(f"{p} does not hold a report; recomputing the diagnostics.")
+        return None
     return DiagnosticReport(rep) if matches_key(rep, key) else None
+
 
 def checkpoint_id(ckpt) -> str | None:
     "The checkpoint's folder name and a hash of its weights: a retrained run with the same step count is a new checkpoint."
-    if ckpt is None: return None
-    return f"{Path(ckpt).name}:{file_content_sha(Path(ckpt)/'model.safetensors')[:16]}"  # hashed once per file version
+    if ckpt is None:
+        return None
+    return (
+        f"{Path(ckpt).name}:{file_content_sha(Path(ckpt) / 'model.safetensors')[:16]}"  # hashed once per file version
+    )
+
 
 def current_report(run_dir) -> DiagnosticReport | None:
     "The run's `diagnostics.json` if these diagnostics (`DIAG_VERSION`) wrote it for its newest checkpoint; else None (a damaged file: `RunDirError`)."
     from looped_lm.train import latest_checkpoint, read_json
+
     run_dir = Path(run_dir)
-    rep = read_json(run_dir/'diagnostics.json')
+    rep = read_json(run_dir / 'diagnostics.json')
     key = dict(version=DIAG_VERSION, checkpoint=checkpoint_id(latest_checkpoint(run_dir)))
     return DiagnosticReport(rep) if key['checkpoint'] and matches_key(rep, key) else None
 
+
 EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least the run's own batch)
+
 
 def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> DiagnosticReport:
     "Cached `diagnose` of a run's newest checkpoint (`diagnostics.json`, keyed by checkpoint, `DIAG_VERSION`, batches)."
     from looped_lm.train import load_run, latest_checkpoint
+
     run_dir = Path(run_dir)
     ckpt = latest_checkpoint(run_dir)
     key = dict(version=DIAG_VERSION, checkpoint=checkpoint_id(ckpt), max_batches=max_batches)
-    p = run_dir/'diagnostics.json'
-    if (rep := _cached(p, key)) is not None: return rep
+    p = run_dir / 'diagnostics.json'
+    if (rep := _cached(p, key)) is not None:
+        return rep
     cfg, model = load_run(run_dir, device)
-    bs = max(cfg.batch_size, EVAL_TOKENS // cfg.seq_len)  # same windows as the training batch size, far fewer Python round trips
-    rep = diagnose(model, data, bs, cfg.seq_len, max_batches=max_batches, device=device, loss=cfg.loss,
-                   norm_penalty=cfg.norm_penalty, ce_chunk=cfg.ce_chunk, **kw)
+    bs = max(
+        cfg.batch_size, EVAL_TOKENS // cfg.seq_len
+    )  # same windows as the training batch size, far fewer Python round trips
+    rep = diagnose(
+        model,
+        data,
+        bs,
+        cfg.seq_len,
+        max_batches=max_batches,
+        device=device,
+        loss=cfg.loss,
+        norm_penalty=cfg.norm_penalty,
+        ce_chunk=cfg.ce_chunk,
+        **kw,
+    )
     rep.update(key)
     write_atomic(p, json.dumps(rep))
     return rep

@@ -17,7 +17,15 @@ from .data import write_atomic
 from .lemmas import radial_fraction
 from .model import LoopedLMConfig, forward_flops_per_token
 from .train import read_metrics
-from .ablation import VARIANTS, check_variants, check_seeds, collect, read_throughput, endpoint, endpoint_correlations
+from looped_lm.ablation import (
+    VARIANTS,
+    check_variants,
+    check_seeds,
+    collect,
+    read_throughput,
+    endpoint,
+    endpoint_correlations,
+)
 
 # %% auto #0
 __all__ = ['RERUN', 'STYLE', 'METADATA', 'POLICY_MARKERS', 'CLAMP_STYLE', 'LEMMA2', 'FIGURES', 'ResultsError',
@@ -30,11 +38,14 @@ __all__ = ['RERUN', 'STYLE', 'METADATA', 'POLICY_MARKERS', 'CLAMP_STYLE', 'LEMMA
 class ResultsError(RuntimeError):
     "A results folder, results file or figure folder that cannot be used; the message names it and the fix."
 
+
 RERUN = "rerun nbs/05_ablation.ipynb on this out_dir (it retrains nothing and recomputes only what is missing)"
+
 
 def read_results_json(path: Path):
     "The JSON value in `path`; a damaged file is a `ResultsError` naming it and the fix, never a raw JSONDecodeError."
-    try: return json.loads(Path(path).read_text())
+    try:
+        return json.loads(Path(path).read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise ResultsError(f"{path} is damaged ({type(e).__name__}: {e}). Delete that file and {RERUN}.") from None
 
@@ -42,6 +53,7 @@ def read_results_json(path: Path):
 def variant_order(names) -> list:
     "`names` in the ablation's order (the official group first)."
     return sorted(names, key=list(VARIANTS).index)
+
 
 def palette(names) -> dict:
     "One colour per variant, fixed by its place in the ablation's list, so it is the same in every figure and subset."
@@ -51,21 +63,25 @@ def palette(names) -> dict:
 # %% ../nbs/06_figures.ipynb #00cf9a8a
 _SEEDED = re.compile(r'^(?P<name>.+)-seed(?P<seed>\d+)$')
 
+
 def found_runs(out_dir) -> tuple:
     "({(variant, seed)} of the ablation's run folders `out_dir/runs/<variant>-seed<N>/`, [folders of no known variant])."
     runs, other = set(), []
-    for rd in sorted((Path(out_dir)/'runs').glob('*-seed*')):
+    for rd in sorted((Path(out_dir) / 'runs').glob('*-seed*')):
         m = _SEEDED.match(rd.name)
-        if m and m['name'] in VARIANTS: runs.add((m['name'], int(m['seed'])))
-        elif rd.is_dir(): other.append(rd.name)
+        if m and m['name'] in VARIANTS:
+            runs.add((m['name'], int(m['seed'])))
+        elif rd.is_dir():
+            other.append(rd.name)
     return runs, other
 
 # %% ../nbs/06_figures.ipynb #fa714abc
 @dataclass
 class Results:
     "A study read back from its folder: per variant (the ablation's order) one record per seed, the study's throughput, notes."
+
     out_dir: Path
-    runs: dict                                   # variant -> [dict(seed, run_dir, diag, metrics, config)]
+    runs: dict  # variant -> [dict(seed, run_dir, diag, metrics, config)]
     throughput: list | None = None
     notes: list = field(default_factory=list)
 
@@ -74,10 +90,12 @@ class Results:
         ok = lambda d: key in d and d[key] is not None and (kind is None or isinstance(d[key], kind))
         return {v: rs for v, rs in self.runs.items() if all(ok(r['diag']) for r in rs)}
 
+
 def load_results(out_dir, variants=None, seeds=None) -> Results:
     "The finished, diagnosed runs of `out_dir` (default: every run folder there), read through the ablation's `collect`."
     out_dir = Path(out_dir)
-    if not out_dir.is_dir(): raise ResultsError(f"{out_dir} is not a results folder; run nbs/05_ablation.ipynb into it first.")
+    if not out_dir.is_dir():
+        raise ResultsError(f"{out_dir} is not a results folder; run nbs/05_ablation.ipynb into it first.")
     found, other = found_runs(out_dir)
     names = check_variants(variants) if variants is not None else variant_order({v for v, _ in found})
     want = check_seeds(seeds, []) if seeds is not None else sorted({s for _, s in found})
@@ -85,11 +103,19 @@ def load_results(out_dir, variants=None, seeds=None) -> Results:
     runs = {}
     for r in collect(out_dir, names, want) if names and want else []:
         if r['status'] != 'done':
-            if (r['variant'], r['seed']) in found: notes.append(f"{r['variant']} seed {r['seed']}: left out ({r['status']}; {RERUN}).")
+            if (r['variant'], r['seed']) in found:
+                notes.append(f"{r['variant']} seed {r['seed']}: left out ({r['status']}; {RERUN}).")
             continue
         rd = Path(r['run_dir'])
-        runs.setdefault(r['variant'], []).append(dict(seed=r['seed'], run_dir=rd, diag=r['diag'], metrics=read_metrics(rd, 'train'),
-                                                      config=read_results_json(rd/'config.json')))
+        runs.setdefault(r['variant'], []).append(
+            dict(
+                seed=r['seed'],
+                run_dir=rd,
+                diag=r['diag'],
+                metrics=read_metrics(rd, 'train'),
+                config=read_results_json(rd / 'config.json'),
+            )
+        )
     notes += [f"{v}: no finished run in {out_dir}." for v in names if v not in runs]
     return Results(out_dir, runs, read_throughput(out_dir), notes)
 
@@ -98,53 +124,73 @@ STYLE = dict(context='paper', style='whitegrid', font_scale=1.1)
 # No dates and no version strings: the same results give byte-identical files on every rerun (and matplotlib release).
 METADATA = dict(png={'Software': None}, pdf={'Creator': None, 'Producer': None, 'CreationDate': None})
 
+
 def figure_bytes(fig, fmt: str) -> bytes:
     "The figure as PNG or PDF bytes, without any date or version in the file."
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt, dpi=150, bbox_inches='tight', metadata=METADATA[fmt])
     return buf.getvalue()
 
+
 def check_fig_dir(fig_dir) -> Path:
     "`fig_dir`, created; a path that is a file, or a folder we cannot write, is refused before anything is drawn."
     fig_dir = Path(fig_dir)
-    if fig_dir.exists() and not fig_dir.is_dir(): raise ResultsError(f"fig_dir {fig_dir} is a file; pass a folder (or remove that file).")
-    try: fig_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e: raise ResultsError(f"Cannot create fig_dir {fig_dir} ({e.strerror}); pass a writable folder.") from None
-    if not os.access(fig_dir, os.W_OK): raise ResultsError(f"fig_dir {fig_dir} is not writable; pass a writable folder.")
+    if fig_dir.exists() and not fig_dir.is_dir():
+        raise ResultsError(f"fig_dir {fig_dir} is a file; pass a folder (or remove that file).")
+    try:
+        fig_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ResultsError(f"Cannot create fig_dir {fig_dir} ({e.strerror}); pass a writable folder.") from None
+    if not os.access(fig_dir, os.W_OK):
+        raise ResultsError(f"fig_dir {fig_dir} is not writable; pass a writable folder.")
     return fig_dir
+
 
 def save(fig, fig_dir, name) -> list:
     "Write `name`.png and `name`.pdf atomically (temporary file, then rename): a kill never leaves a half-written figure."
-    paths = [Path(fig_dir)/f'{name}.{fmt}' for fmt in ('png', 'pdf')]
-    for p in paths: write_atomic(p, figure_bytes(fig, p.suffix[1:]))
+    paths = [Path(fig_dir) / f'{name}.{fmt}' for fmt in ('png', 'pdf')]
+    for p in paths:
+        write_atomic(p, figure_bytes(fig, p.suffix[1:]))
     return paths
 
 # %% ../nbs/06_figures.ipynb #0e041c57
 class Skip(Exception):
     "Raised by a figure function when the results hold nothing it can draw; the message says what is missing."
 
+
 def _band(ax, x, ys, color, label, **kw):
     "The mean over seeds as a line, min–max over seeds as a band (rows of `ys` cut to the shortest)."
     n = min(len(y) for y in ys)
-    ys = np.asarray([y[:n] for y in ys], dtype=float); x = np.asarray(x[:n])
+    ys = np.asarray([y[:n] for y in ys], dtype=float)
+    x = np.asarray(x[:n])
     ax.plot(x, ys.mean(0), color=color, label=label, **kw)
-    if len(ys) > 1: ax.fill_between(x, ys.min(0), ys.max(0), color=color, alpha=0.2, lw=0)
+    if len(ys) > 1:
+        ax.fill_between(x, ys.min(0), ys.max(0), color=color, alpha=0.2, lw=0)
     return ys.mean(0)
 
-def _legend(ax): ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1))
+
+def _legend(ax):
+    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1))
+
 
 def _grid(n: int, w=3.0, h=2.7, cols=4, **kw):
     "`n` small panels in rows of at most `cols`; the unused ones are hidden."
-    rows = math.ceil(n/cols); c = min(n, cols)
-    fig, axs = plt.subplots(rows, c, figsize=(w*c, h*rows), squeeze=False, **kw)
-    for ax in axs.flat[n:]: ax.set_visible(False)
+    rows = math.ceil(n / cols)
+    c = min(n, cols)
+    fig, axs = plt.subplots(rows, c, figsize=(w * c, h * rows), squeeze=False, **kw)
+    for ax in axs.flat[n:]:
+        ax.set_visible(False)
     return fig, list(axs.flat[:n])
 
+
 def _need(found: dict, what: str) -> dict:
-    if not found: raise Skip(f"no variant has {what}")
+    if not found:
+        raise Skip(f"no variant has {what}")
     return found
 
-def _exits(seeds) -> list: return [s['diag']['exits']['validation'] for s in seeds]   # validation, as the paper reports
+
+def _exits(seeds) -> list:
+    return [s['diag']['exits']['validation'] for s in seeds]  # validation, as the paper reports
 
 # %% ../nbs/06_figures.ipynb #9b9ffabb
 def exit_flops(run: dict) -> list:
@@ -153,12 +199,14 @@ def exit_flops(run: dict) -> list:
     mc = LoopedLMConfig.from_experiment(cfg)
     return [forward_flops_per_token(mc, cfg.seq_len, k) for k in range(1, mc.K + 1)]
 
+
 def float32_floor(d: int, n: int = 512, seed: int = 0) -> float:
     "The radial fraction that float32 rounding alone reports for a gradient exactly tangential to h (width `d`), 2 digits."
     g = torch.Generator().manual_seed(seed)
     h, v = (torch.randn(n, d, generator=g, dtype=torch.float64) for _ in range(2))
-    v = v - (v*h).sum(-1, keepdim=True)/(h*h).sum(-1, keepdim=True)*h     # exactly tangential, in float64
+    v = v - (v * h).sum(-1, keepdim=True) / (h * h).sum(-1, keepdim=True) * h  # exactly tangential, in float64
     return float(f"{radial_fraction(v.float(), h.float()).item():.2g}")
+
 
 def endpoint_points(res: Results) -> list:
     "Per (variant, seed) the ablation's `endpoint`: CE gap ln PPL@1 - ln PPL@K, log10 ||H_K||, log10 readout radial fraction."
@@ -168,31 +216,54 @@ def endpoint_points(res: Results) -> list:
 # %% ../nbs/06_figures.ipynb #9adec1ae
 def fig_drift(res: Results):
     "Mean per-token norm ||H_k|| against the training step, one panel per loop (log scale)."
-    runs = _need({v: rs for v, rs in res.runs.items() if all(r['metrics'] and 'norm' in r['metrics'][0] for r in rs)}, 'training metrics')
+    runs = _need(
+        {v: rs for v, rs in res.runs.items() if all(r['metrics'] and 'norm' in r['metrics'][0] for r in rs)},
+        'training metrics',
+    )
     pal, K = palette(runs), max(len(rs[0]['metrics'][0]['norm']) for rs in runs.values())
-    fig, axs = plt.subplots(1, K, figsize=(3.2*K, 3.2), sharey=True, squeeze=False); axs = axs[0]
+    fig, axs = plt.subplots(1, K, figsize=(3.2 * K, 3.2), sharey=True, squeeze=False)
+    axs = axs[0]
     for v, seeds in runs.items():
-        for k, ax in enumerate(axs[:len(seeds[0]['metrics'][0]['norm'])]):
-            _band(ax, [m['step'] for m in seeds[0]['metrics']], [[m['norm'][k]['mean'] for m in s['metrics']] for s in seeds], pal[v], v)
+        for k, ax in enumerate(axs[: len(seeds[0]['metrics'][0]['norm'])]):
+            _band(
+                ax,
+                [m['step'] for m in seeds[0]['metrics']],
+                [[m['norm'][k]['mean'] for m in s['metrics']] for s in seeds],
+                pal[v],
+                v,
+            )
     for k, ax in enumerate(axs):
-        ax.set_yscale('log'); ax.set_title(f'loop {k+1}'); ax.set_xlabel('step')
-    axs[0].set_ylabel(r'mean $\|H_k\|$'); _legend(axs[-1])
+        ax.set_yscale('log')
+        ax.set_title(f'loop {k + 1}')
+        ax.set_xlabel('step')
+    axs[0].set_ylabel(r'mean $\|H_k\|$')
+    _legend(axs[-1])
     fig.suptitle('Hidden-norm drift over training', y=1.04)
     return fig
 
 # %% ../nbs/06_figures.ipynb #b97cb37c
 def fig_norm_tail(res: Results):
     "Distribution of per-token final-loop norms (first seed), labelled with the Hill tail index and p99.9/p50."
-    runs = _need({v: rs for v, rs in res.having('norms', list).items() if 'hist' in rs[0]['diag']['norms'][-1]}, 'a norm histogram')
+    runs = _need(
+        {v: rs for v, rs in res.having('norms', list).items() if 'hist' in rs[0]['diag']['norms'][-1]},
+        'a norm histogram',
+    )
     pal = palette(runs)
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for v, seeds in runs.items():
         d = seeds[0]['diag']['norms'][-1]
         e, h = np.asarray(d['edges']), np.asarray(d['hist'], dtype=float)
-        tail = ', '.join(f"{lab}={d[key]:.3g}" for key, lab in (('hill', 'Hill'), ('tail_ratio', 'p99.9/p50')) if d.get(key) is not None)
-        ax.stairs(h/h.sum(), e, color=pal[v], label=f"{v} ({tail})" if tail else v, lw=1.5)
-    ax.set_xscale('log'); ax.set_xlabel(r'per-token final-loop norm $\|H_K\|$'); ax.set_ylabel('fraction of tokens')
-    _legend(ax); ax.set_title('Final-loop norm distributions')
+        tail = ', '.join(
+            f"{lab}={d[key]:.3g}"
+            for key, lab in (('hill', 'Hill'), ('tail_ratio', 'p99.9/p50'))
+            if d.get(key) is not None
+        )
+        ax.stairs(h / h.sum(), e, color=pal[v], label=f"{v} ({tail})" if tail else v, lw=1.5)
+    ax.set_xscale('log')
+    ax.set_xlabel(r'per-token final-loop norm $\|H_K\|$')
+    ax.set_ylabel('fraction of tokens')
+    _legend(ax)
+    ax.set_title('Final-loop norm distributions')
     return fig
 
 # %% ../nbs/06_figures.ipynb #7fd1f2b8
@@ -204,23 +275,36 @@ def fig_ppl_vs_exit(res: Results):
     for v, seeds in runs.items():
         ex = _exits(seeds)
         _band(ax, [e['k'] for e in ex[0]], [[e['ppl'] for e in s] for s in ex], pal[v], v, marker='o')
-    ax.set_yscale('log'); ax.set_xlabel('exit depth k'); ax.set_ylabel('validation perplexity (log)')
+    ax.set_yscale('log')
+    ax.set_xlabel('exit depth k')
+    ax.set_ylabel('validation perplexity (log)')
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    _legend(ax); ax.set_title('Perplexity vs exit depth')
+    _legend(ax)
+    ax.set_title('Perplexity vs exit depth')
     return fig
 
 # %% ../nbs/06_figures.ipynb #926db269
 POLICY_MARKERS = dict(max_prob='^', logit_margin='s', entropy='D')
 
+
 def halting_points(seeds, flops) -> list:
     "Calibrated halting results averaged over seeds per (policy, granularity), placed at the FLOPs of their average loop count."
     groups = {}
     for s in seeds:
-        for h in s['diag'].get('halting') or []: groups.setdefault((h['policy'], h['granularity']), []).append(h)
+        for h in s['diag'].get('halting') or []:
+            groups.setdefault((h['policy'], h['granularity']), []).append(h)
     ks = np.arange(1, len(flops) + 1)
-    return [dict(policy=p, granularity=g, avg_loops=float(np.mean([h['avg_loops'] for h in hs])),
-                 flops=float(np.interp(np.mean([h['avg_loops'] for h in hs]), ks, flops)), ppl=float(np.mean([h['ppl'] for h in hs])))
-            for (p, g), hs in sorted(groups.items())]
+    return [
+        dict(
+            policy=p,
+            granularity=g,
+            avg_loops=float(np.mean([h['avg_loops'] for h in hs])),
+            flops=float(np.interp(np.mean([h['avg_loops'] for h in hs]), ks, flops)),
+            ppl=float(np.mean([h['ppl'] for h in hs])),
+        )
+        for (p, g), hs in sorted(groups.items())
+    ]
+
 
 def fig_frontier(res: Results):
     "Perplexity against forward compute per token at each exit (labels: k), with the calibrated halting points."
@@ -229,23 +313,40 @@ def fig_frontier(res: Results):
     fig, ax = plt.subplots(figsize=(5.8, 3.8))
     for v, seeds in runs.items():
         flops = exit_flops(seeds[0])
-        ex = _exits(seeds); n = min(len(flops), *(len(e) for e in ex))
+        ex = _exits(seeds)
+        n = min(len(flops), *(len(e) for e in ex))
         ppl = np.mean([[e['ppl'] for e in s[:n]] for s in ex], 0)
         ax.plot(flops[:n], ppl, '-o', color=pal[v], label=v, ms=4)
-        for k, (x, y) in enumerate(zip(flops[:n], ppl), 1): ax.annotate(str(k), (x, y), fontsize=6, xytext=(2, 2), textcoords='offset points')
+        for k, (x, y) in enumerate(zip(flops[:n], ppl), 1):
+            ax.annotate(str(k), (x, y), fontsize=6, xytext=(2, 2), textcoords='offset points')
         for h in halting_points(seeds, flops[:n]):
-            ax.plot(h['flops'], h['ppl'], POLICY_MARKERS.get(h['policy'], 'x'), color=pal[v], ms=6,
-                    mfc=pal[v] if h['granularity'] == 'sequence' else 'none')
-    handles = [matplotlib.lines.Line2D([], [], ls='', marker=m, color='k', mfc='none', label=f'halting: {p}') for p, m in POLICY_MARKERS.items()]
-    ax.legend(handles=ax.get_legend_handles_labels()[0] + handles, fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1))
-    ax.set_xscale('log'); ax.set_yscale('log')
-    ax.set_xlabel('forward FLOPs per token (exit k)'); ax.set_ylabel('validation perplexity (log)')
+            ax.plot(
+                h['flops'],
+                h['ppl'],
+                POLICY_MARKERS.get(h['policy'], 'x'),
+                color=pal[v],
+                ms=6,
+                mfc=pal[v] if h['granularity'] == 'sequence' else 'none',
+            )
+    handles = [
+        matplotlib.lines.Line2D([], [], ls='', marker=m, color='k', mfc='none', label=f'halting: {p}')
+        for p, m in POLICY_MARKERS.items()
+    ]
+    ax.legend(
+        handles=ax.get_legend_handles_labels()[0] + handles, fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1)
+    )
+    ax.set_xscale('log')
+    ax.set_yscale('log')
+    ax.set_xlabel('forward FLOPs per token (exit k)')
+    ax.set_ylabel('validation perplexity (log)')
     ax.set_title('Perplexity–compute frontier (labels: exit k; filled = sequence, hollow = token halting)', fontsize=8)
     return fig
+
 
 def throughput_table(res: Results):
     "The study's measured evaluation throughput per exit (machine-dependent: a caption, not a figure axis), or None."
     import pandas as pd
+
     return None if not res.throughput else pd.DataFrame(res.throughput).set_index('k')
 
 # %% ../nbs/06_figures.ipynb #11d22afd
@@ -256,19 +357,30 @@ def fig_radial(res: Results):
     fig, axs = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     for ax, kind in zip(axs, ('readout', 'objective')):
         for v, seeds in runs.items():
-            rs = [s['diag']['radial'] for s in seeds]; ks = [r['k'] for r in rs[0]]
+            rs = [s['diag']['radial'] for s in seeds]
+            ks = [r['k'] for r in rs[0]]
             _band(ax, ks, [[r[kind] for r in x] for x in rs], pal[v], v, marker='o')
             if kind == 'readout' and all(r.get('predicted') is not None for x in rs for r in x):
                 ax.plot(ks, np.mean([[r['predicted'] for r in x] for x in rs], 0), '--', color=pal[v], lw=1)
-        ax.set_yscale('log'); ax.set_xlabel('loop k')
+        ax.set_yscale('log')
+        ax.set_xlabel('loop k')
         ax.set_title(f"gradient of the {'readout CE' if kind == 'readout' else 'training objective'}")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     widths = sorted({s['config']['d_model'] for seeds in runs.values() for s in seeds if s['config'].get('d_model')})
     for d in widths[:1]:
         fl = float32_floor(d)
-        for ax in axs: ax.axhline(fl, color='k', ls=':', lw=1)
-        axs[0].annotate(f'float32 rounding floor (d={d}): {fl:.1e}', (0.02, fl), xycoords=('axes fraction', 'data'), fontsize=7, xytext=(0, 3), textcoords='offset points')
-    axs[0].set_ylabel('radial fraction (dashed: ε/mean(H²))'); _legend(axs[-1])
+        for ax in axs:
+            ax.axhline(fl, color='k', ls=':', lw=1)
+        axs[0].annotate(
+            f'float32 rounding floor (d={d}): {fl:.1e}',
+            (0.02, fl),
+            xycoords=('axes fraction', 'data'),
+            fontsize=7,
+            xytext=(0, 3),
+            textcoords='offset points',
+        )
+    axs[0].set_ylabel('radial fraction (dashed: ε/mean(H²))')
+    _legend(axs[-1])
     return fig
 
 # %% ../nbs/06_figures.ipynb #86c2c084
@@ -281,31 +393,47 @@ def fig_scale(res: Results):
         sc = [s['diag']['scale'] for s in seeds]
         _band(ax, [r['alpha'] for r in sc[0]], [[r['ce'] for r in x] for x in sc], pal[v], v, marker='o', ms=3)
     ax.axvline(1, color='k', lw=0.8, ls=':')
-    ax.set_xscale('log'); ax.set_yscale('log'); ax.set_xlabel(r'$\alpha$ (readout of $\alpha H_K$)'); ax.set_ylabel('cross-entropy (log)')
-    _legend(ax); ax.set_title('Scale sensitivity of the final readout')
+    ax.set_xscale('log')
+    ax.set_yscale('log')
+    ax.set_xlabel(r'$\alpha$ (readout of $\alpha H_K$)')
+    ax.set_ylabel('cross-entropy (log)')
+    _legend(ax)
+    ax.set_title('Scale sensitivity of the final readout')
     return fig
 
 # %% ../nbs/06_figures.ipynb #cddd6ac4
 CLAMP_STYLE = dict(none=('k', '-'), freeze_loop1=('tab:orange', '--'), remove_radial=('tab:blue', ':'))
+
 
 def fig_clamp_modes(res: Results):
     "Perplexity at every loop under each clamp mode (none, freeze_loop1, remove_radial), one panel per variant."
     runs = _need(res.having('clamp', dict), "clamp modes (a report with clamp = {mode: [...]})")
     fig, axs = _grid(len(runs), w=3.4, sharex=True)
     for ax, (v, seeds) in zip(axs, runs.items()):
-        for mode in [m for m in CLAMP_STYLE if m in seeds[0]['diag']['clamp']] + [m for m in seeds[0]['diag']['clamp'] if m not in CLAMP_STYLE]:
+        for mode in [m for m in CLAMP_STYLE if m in seeds[0]['diag']['clamp']] + [
+            m for m in seeds[0]['diag']['clamp'] if m not in CLAMP_STYLE
+        ]:
             rows = [s['diag']['clamp'][mode] for s in seeds]
             col, ls = CLAMP_STYLE.get(mode, ('gray', '-.'))
-            _band(ax, [r['k'] for r in rows[0]], [[r['ppl'] for r in x] for x in rows], col, mode, ls=ls, marker='o', ms=3)
-        ax.set_title(v, fontsize=9); ax.set_xlabel('loop k')
+            _band(
+                ax, [r['k'] for r in rows[0]], [[r['ppl'] for r in x] for x in rows], col, mode, ls=ls, marker='o', ms=3
+            )
+        ax.set_title(v, fontsize=9)
+        ax.set_xlabel('loop k')
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    axs[0].set_ylabel('perplexity'); axs[0].legend(fontsize=7)
+    axs[0].set_ylabel('perplexity')
+    axs[0].legend(fontsize=7)
     fig.suptitle('Radial clamps at evaluation', y=1.02)
     return fig
 
 # %% ../nbs/06_figures.ipynb #810ebf1a
-LEMMA2 = [('s', r'$s_k$ (RMS of $H_k$)', 'log'), ('a', r'radial increment $a_k$', 'symlog'),
-          ('du', r'angular step $\|\Delta u\|$', 'log'), ('du_times_s', r'$\|\Delta u\|\cdot s_k$ (predicted flat)', 'log')]
+LEMMA2 = [
+    ('s', r'$s_k$ (RMS of $H_k$)', 'log'),
+    ('a', r'radial increment $a_k$', 'symlog'),
+    ('du', r'angular step $\|\Delta u\|$', 'log'),
+    ('du_times_s', r'$\|\Delta u\|\cdot s_k$ (predicted flat)', 'log'),
+]
+
 
 def fig_lemma2(res: Results):
     "Lemma 2 beyond the training depth: per transition k -> k+1 of a long run, s_k, a_k, ||du|| and ||du||*s_k per variant."
@@ -318,61 +446,115 @@ def fig_lemma2(res: Results):
             _band(ax, [r['k'] for r in rows[0]], [[r[key] for r in x] for x in rows], pal[v], v, lw=1.2)
     Ks = {s['config'].get('K') for seeds in runs.values() for s in seeds} - {None}
     for ax, (_, label, scale) in zip(axs, LEMMA2):
-        ax.set_yscale(scale); ax.set_title(label, fontsize=9); ax.set_xlabel('transition k → k+1')
-        for K in Ks: ax.axvline(K, color='k', lw=0.8, ls=':')
-    _legend(axs[-1]); fig.suptitle('Lemma 2 beyond the trained depth (dotted: trained K)', y=1.04)
+        ax.set_yscale(scale)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel('transition k → k+1')
+        for K in Ks:
+            ax.axvline(K, color='k', lw=0.8, ls=':')
+    _legend(axs[-1])
+    fig.suptitle('Lemma 2 beyond the trained depth (dotted: trained K)', y=1.04)
     return fig
 
 # %% ../nbs/06_figures.ipynb #458266d3
 def fig_endpoint(res: Results, gap_threshold: float = 1.0, log_norm_threshold: float = 2.0):
     "Each (variant, seed): CE gap ln PPL@1 - ln PPL@K (symlog x) against log10 ||H_K||, with the paper's quadrants."
     pts = endpoint_points(res)
-    if not pts: raise Skip('no variant has exits and final-loop norms')
+    if not pts:
+        raise Skip('no variant has exits and final-loop norms')
     pal = palette({p['variant'] for p in pts})
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.axvline(gap_threshold, color='gray', ls='--', lw=0.9); ax.axhline(log_norm_threshold, color='gray', ls='--', lw=0.9)
+    ax.axvline(gap_threshold, color='gray', ls='--', lw=0.9)
+    ax.axhline(log_norm_threshold, color='gray', ls='--', lw=0.9)
     for v in variant_order({p['variant'] for p in pts}):
         q = [p for p in pts if p['variant'] == v]
-        ax.scatter([p['gap'] for p in q], [p['log10_norm'] for p in q], color=pal[v], label=v, s=40, edgecolor='k', lw=0.5, zorder=3)
+        ax.scatter(
+            [p['gap'] for p in q],
+            [p['log10_norm'] for p in q],
+            color=pal[v],
+            label=v,
+            s=40,
+            edgecolor='k',
+            lw=0.5,
+            zorder=3,
+        )
     ax.set_xscale('symlog', linthresh=1.0)
     gaps, ys = [p['gap'] for p in pts], [p['log10_norm'] for p in pts]
-    ax.set_xlim(min(-0.45, min(gaps) - 0.2), max(10.0, 2*max(gaps)))
+    ax.set_xlim(min(-0.45, min(gaps) - 0.2), max(10.0, 2 * max(gaps)))
     ax.set_ylim(min(ys + [log_norm_threshold]) - 0.4, max(ys + [log_norm_threshold]) + 0.4)
-    for x, y, text in ((0.02, 0.97, 'usable exits + drift'), (0.98, 0.97, 'bad exits + drift'),
-                       (0.02, 0.03, 'usable + controlled'), (0.98, 0.03, 'bad exits + controlled')):
-        ax.text(x, y, text, transform=ax.transAxes, fontsize=7, color='dimgray', ha='left' if x < 0.5 else 'right', va='top' if y > 0.5 else 'bottom')
+    for x, y, text in (
+        (0.02, 0.97, 'usable exits + drift'),
+        (0.98, 0.97, 'bad exits + drift'),
+        (0.02, 0.03, 'usable + controlled'),
+        (0.98, 0.03, 'bad exits + controlled'),
+    ):
+        ax.text(
+            x,
+            y,
+            text,
+            transform=ax.transAxes,
+            fontsize=7,
+            color='dimgray',
+            ha='left' if x < 0.5 else 'right',
+            va='top' if y > 0.5 else 'bottom',
+        )
     c = endpoint_correlations(pts)
-    ax.set_xlabel(r'CE gap $\ln PPL_1 - \ln PPL_K$ (symlog)'); ax.set_ylabel(r'$\log_{10} \|H_K\|$')
-    ax.set_title(f"Endpoint picture (log radial vs log norm: Pearson {c['pearson']:.2f}, Spearman {c['spearman']:.2f}, n={c['runs']})", fontsize=8)
+    ax.set_xlabel(r'CE gap $\ln PPL_1 - \ln PPL_K$ (symlog)')
+    ax.set_ylabel(r'$\log_{10} \|H_K\|$')
+    ax.set_title(
+        f"Endpoint picture (log radial vs log norm: Pearson {c['pearson']:.2f}, Spearman {c['spearman']:.2f}, n={c['runs']})",
+        fontsize=8,
+    )
     _legend(ax)
     return fig
 
 # %% ../nbs/06_figures.ipynb #ee6a2bce
-FIGURES = dict(drift=fig_drift, norm_tail=fig_norm_tail, ppl_vs_exit=fig_ppl_vs_exit, frontier=fig_frontier,
-               radial=fig_radial, scale=fig_scale, clamp_modes=fig_clamp_modes, lemma2=fig_lemma2, endpoint=fig_endpoint)
+FIGURES = dict(
+    drift=fig_drift,
+    norm_tail=fig_norm_tail,
+    ppl_vs_exit=fig_ppl_vs_exit,
+    frontier=fig_frontier,
+    radial=fig_radial,
+    scale=fig_scale,
+    clamp_modes=fig_clamp_modes,
+    lemma2=fig_lemma2,
+    endpoint=fig_endpoint,
+)
+
 
 class FigureSet(list):
     "The paths written (a list, PNG and PDF per figure), with `.drawn` {figure: paths} and `.skipped` {figure: why}."
+
     def __init__(self, drawn: dict, skipped: dict):
         super().__init__(p for ps in drawn.values() for p in ps)
         self.drawn, self.skipped = drawn, skipped
 
-def make_figures(out_dir, fig_dir=None, variants=None, seeds=None, show: bool = False, verbose: bool = True) -> FigureSet:
+
+def make_figures(
+    out_dir, fig_dir=None, variants=None, seeds=None, show: bool = False, verbose: bool = True
+) -> FigureSet:
     "Draw every figure that the results in `out_dir` allow into `fig_dir` (default `out_dir/figures`); say what was skipped and why."
-    fig_dir = check_fig_dir(fig_dir if fig_dir is not None else Path(out_dir)/'figures')   # refused before any reading
+    fig_dir = check_fig_dir(fig_dir if fig_dir is not None else Path(out_dir) / 'figures')  # refused before any reading
     res = load_results(out_dir, variants, seeds)
-    if not res.runs: raise ResultsError(f"No finished runs in {out_dir}{' (' + '; '.join(res.notes) + ')' if res.notes else ''}; run nbs/05_ablation.ipynb first.")
-    if verbose: print(''.join(f'note: {n}\n' for n in res.notes), end='')
+    if not res.runs:
+        raise ResultsError(
+            f"No finished runs in {out_dir}{' (' + '; '.join(res.notes) + ')' if res.notes else ''}; run nbs/05_ablation.ipynb first."
+        )
+    if verbose:
+        print(''.join(f'note: {n}\n' for n in res.notes), end='')
     drawn, skipped = {}, {}
     with sns.axes_style(STYLE['style']), sns.plotting_context(STYLE['context'], font_scale=STYLE['font_scale']):
         for name, draw in FIGURES.items():
-            try: fig = draw(res)
+            try:
+                fig = draw(res)
             except Skip as e:
                 skipped[name] = str(e)
-                for p in (fig_dir/f'{name}.png', fig_dir/f'{name}.pdf'): p.unlink(missing_ok=True)  # no stale figure beside fresh ones
-                if verbose: print(f'note: figure {name!r} skipped: {e}.')
+                for p in (fig_dir / f'{name}.png', fig_dir / f'{name}.pdf'):
+                    p.unlink(missing_ok=True)  # no stale figure beside fresh ones
+                if verbose:
+                    print(f'note: figure {name!r} skipped: {e}.')
                 continue
             drawn[name] = save(fig, fig_dir, name)
-            if show: plt.show()
+            if show:
+                plt.show()
             plt.close(fig)
     return FigureSet(drawn, skipped)

@@ -14,22 +14,31 @@ __all__ = ['radial_fraction', 'radial_tangential', 'angle_between', 'loglog_slop
 def _compute_dtype(*xs) -> torch.dtype:
     return torch.float64 if any(x.dtype == torch.float64 for x in xs) else torch.float32
 
+
 def _unit(x: torch.Tensor) -> torch.Tensor:
     "`x` scaled to unit norm along the last dim (a zero vector stays zero), safe from overflow and underflow."
     tiny = torch.finfo(x.dtype).tiny
     x = x / x.abs().amax(dim=-1, keepdim=True).clamp_min(tiny)
     return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(tiny)
 
-def radial_fraction(grad: torch.Tensor, h: torch.Tensor, per_token: bool = True, reduce: str | None = 'mean') -> torch.Tensor:
+
+def radial_fraction(
+    grad: torch.Tensor, h: torch.Tensor, per_token: bool = True, reduce: str | None = 'mean'
+) -> torch.Tensor:
     "|<grad, h>| / (|grad| |h|) per token over the last dim (`reduce`: 'mean', 'median' or None), or over the whole tensor."
-    if grad.shape != h.shape: raise ValueError(f"grad and h must have the same shape, got {tuple(grad.shape)} and {tuple(h.shape)}.")
-    if reduce not in ('mean', 'median', None): raise ValueError(f"reduce must be 'mean', 'median' or None, got {reduce!r}.")
+    if grad.shape != h.shape:
+        raise ValueError(f"grad and h must have the same shape, got {tuple(grad.shape)} and {tuple(h.shape)}.")
+    if reduce not in ('mean', 'median', None):
+        raise ValueError(f"reduce must be 'mean', 'median' or None, got {reduce!r}.")
     dt = _compute_dtype(grad, h)
     g, x = grad.detach().to(dt), h.detach().to(dt)
-    if not per_token: g, x = g.reshape(-1), x.reshape(-1)
+    if not per_token:
+        g, x = g.reshape(-1), x.reshape(-1)
     r = (_unit(g) * _unit(x)).sum(-1).abs().clamp_max(1.0)
-    if not per_token or reduce is None: return r
+    if not per_token or reduce is None:
+        return r
     return r.mean() if reduce == 'mean' else r.median()
+
 
 def radial_tangential(g: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     "Split `g` per token into its part along `h` and its part orthogonal to `h` (both in `g`'s dtype)."
@@ -38,16 +47,19 @@ def radial_tangential(g: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, t
     rad = (gg * u).sum(-1, keepdim=True) * u
     return rad.to(g.dtype), (gg - rad).to(g.dtype)
 
+
 def angle_between(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     "Per-token angle in radians between `a` and `b` (last dim), accurate for tiny angles."
     dt = _compute_dtype(a, b)
     ua, ub = _unit(a.detach().to(dt)), _unit(b.detach().to(dt))
     return 2 * torch.atan2(torch.linalg.vector_norm(ua - ub, dim=-1), torch.linalg.vector_norm(ua + ub, dim=-1))
 
+
 def loglog_slope(x, y) -> float:
     "Least-squares slope of log(y) against log(x): the exponent p of a power law y ~ x^p."
     x, y = (torch.as_tensor(v).detach().double().cpu().numpy().ravel() for v in (x, y))
-    if x.shape != y.shape or len(x) < 2: raise ValueError("x and y need the same length, at least 2.")
+    if x.shape != y.shape or len(x) < 2:
+        raise ValueError("x and y need the same length, at least 2.")
     if not (np.all(x > 0) and np.all(y > 0) and np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
         raise ValueError("loglog_slope needs finite positive x and y.")
     return float(np.polyfit(np.log(x), np.log(y), 1)[0])

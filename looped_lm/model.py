@@ -20,27 +20,32 @@ __all__ = ['MODEL_CARD', 'LoopedLMConfig', 'make_norm', 'LayerCache', 'CausalSel
 @dataclass(frozen=True)
 class LoopedLMConfig:
     "Architecture of a `LoopedLM`."
+
     vocab_size: int = 512
     d_model: int = 64
-    n_layers: int = 1          # L: blocks in the shared stack
+    n_layers: int = 1  # L: blocks in the shared stack
     n_heads: int = 2
     mlp_ratio: float = 4.0
     max_seq_len: int = 64
-    K: int = 4                 # loops
-    readout: str = 'rmsnorm'   # rmsnorm | layernorm | raw | final_norm
+    K: int = 4  # loops
+    readout: str = 'rmsnorm'  # rmsnorm | layernorm | raw | final_norm
     recurrence: str = 'plain'  # plain | internorm
     tie_weights: bool = True
     norm_eps: float = 1e-6
-    mlp: str = 'gelu'          # gelu | swiglu
-    dropout: float = 0.0       # after the embedding sum, on attention probabilities, on the MLP output
-    init: str = 'gpt2'         # gpt2 | torch
+    mlp: str = 'gelu'  # gelu | swiglu
+    dropout: float = 0.0  # after the embedding sum, on attention probabilities, on the MLP output
+    init: str = 'gpt2'  # gpt2 | torch
 
     def __post_init__(self):
         for key, choices in (('readout', READOUTS), ('recurrence', RECURRENCES), ('mlp', MLPS), ('init', INITS)):
-            if getattr(self, key) not in choices: raise ConfigError(f"Unknown {key} {getattr(self, key)!r}; choose one of {', '.join(choices)}.")
-        if self.K < 1: raise ConfigError(f"K must be >= 1 loops, got {self.K}.")
-        if self.d_model % self.n_heads: raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}).")
-        if not 0 <= self.dropout < 1: raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}.")
+            if getattr(self, key) not in choices:
+                raise ConfigError(f"Unknown {key} {getattr(self, key)!r}; choose one of {', '.join(choices)}.")
+        if self.K < 1:
+            raise ConfigError(f"K must be >= 1 loops, got {self.K}.")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}).")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}.")
 
     @classmethod
     def from_experiment(cls, cfg: ExperimentConfig) -> 'LoopedLMConfig':
@@ -50,61 +55,80 @@ class LoopedLMConfig:
 # %% ../nbs/01_model.ipynb #3da9c8ee
 def make_norm(kind: str, d: int, eps: float) -> nn.Module:
     "A scale-invariant norm with a learned gain: `rmsnorm` or `layernorm`."
-    if kind == 'rmsnorm': return nn.RMSNorm(d, eps=eps)
-    if kind == 'layernorm': return nn.LayerNorm(d, eps=eps)
+    if kind == 'rmsnorm':
+        return nn.RMSNorm(d, eps=eps)
+    if kind == 'layernorm':
+        return nn.LayerNorm(d, eps=eps)
     raise ConfigError(f"No norm called {kind!r}; use rmsnorm or layernorm.")
+
 
 def _dropout(x, p: float, training: bool):
     "Dropout that is not even called when it cannot act (p = 0 or eval), so it draws no random numbers then."
     return F.dropout(x, p, True) if p > 0 and training else x
 
+
 class LayerCache:
     "Keys and values (B, heads, positions, head_dim) of one attention layer at one loop, grown as tokens arrive."
-    def __init__(self): self.k = self.v = None
-    def __len__(self): return 0 if self.k is None else self.k.shape[2]
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def __len__(self):
+        return 0 if self.k is None else self.k.shape[2]
+
     def append(self, k, v):
         self.k, self.v = (k, v) if self.k is None else (torch.cat([self.k, k], 2), torch.cat([self.v, v], 2))
         return self.k, self.v
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, c: LoopedLMConfig):
         super().__init__()
         self.n_heads, self.dropout = c.n_heads, c.dropout
-        self.qkv = nn.Linear(c.d_model, 3*c.d_model, bias=False)
+        self.qkv = nn.Linear(c.d_model, 3 * c.d_model, bias=False)
         self.proj = nn.Linear(c.d_model, c.d_model, bias=False)
 
     def forward(self, x, cache: LayerCache = None):
         B, T, D = x.shape
         # split, then one transpose per tensor: its backward is a single concatenation (a permute of a
         # (B, T, 3, H, hd) view would cost a stack and a copy)
-        q, k, v = (t.view(B, T, self.n_heads, D//self.n_heads).transpose(1, 2) for t in self.qkv(x).split(D, dim=2))
+        q, k, v = (t.view(B, T, self.n_heads, D // self.n_heads).transpose(1, 2) for t in self.qkv(x).split(D, dim=2))
         p = self.dropout if self.training else 0.0
         past = 0 if cache is None else len(cache)
-        if cache is not None: k, v = cache.append(k, v)
-        if past == 0: y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        if past == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         else:  # query i sits at position past + i: it sees keys 0..past + i
             mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.proj(y.transpose(1, 2).reshape(B, T, D))
 
+
 class MLP(nn.Module):
     "GELU MLP `proj(gelu(fc x))` or SwiGLU `proj(silu(fc x) * gate x)`, hidden int(mlp_ratio*d), no biases."
+
     def __init__(self, c: LoopedLMConfig):
         super().__init__()
-        h = int(c.mlp_ratio*c.d_model)
+        h = int(c.mlp_ratio * c.d_model)
         self.swiglu, self.dropout = c.mlp == 'swiglu', c.dropout
         self.fc, self.proj = nn.Linear(c.d_model, h, bias=False), nn.Linear(h, c.d_model, bias=False)
-        if self.swiglu: self.gate = nn.Linear(c.d_model, h, bias=False)
+        if self.swiglu:
+            self.gate = nn.Linear(c.d_model, h, bias=False)
+
     def forward(self, x):
         y = self.proj(F.silu(self.fc(x)) * self.gate(x) if self.swiglu else F.gelu(self.fc(x)))
         return _dropout(y, self.dropout, self.training)
 
+
 class Block(nn.Module):
     "Pre-norm decoder block: h + attn(norm1(h)), then + mlp(norm2(.))."
+
     def __init__(self, c: LoopedLMConfig):
         super().__init__()
         self.norm1, self.attn = nn.RMSNorm(c.d_model, eps=c.norm_eps), CausalSelfAttention(c)
         self.norm2, self.mlp = nn.RMSNorm(c.d_model, eps=c.norm_eps), MLP(c)
+
     def forward(self, h, cache: LayerCache = None):
         h = h + self.attn(self.norm1(h), cache)
         return h + self.mlp(self.norm2(h))
@@ -115,6 +139,7 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     dt = x.device.type
     return torch.get_autocast_dtype(dt) if torch.is_autocast_enabled(dt) else x.dtype
 
+
 def _ce_chunks(x, w, t, chunk, grads: bool):
     "Sum of the CE of each chunk of rows of `x` (and, if `grads`, d(sum)/dx and d(sum)/dw)."
     cd = _compute_dtype(x)
@@ -123,21 +148,25 @@ def _ce_chunks(x, w, t, chunk, grads: bool):
     dx = torch.empty_like(x) if grads else None
     dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if grads else None
     for i in range(0, len(t), chunk):
-        xc, tc = x[i:i+chunk].to(cd), t[i:i+chunk]
-        logits = torch.mm(xc, wc.t()).float()                         # (chunk, V): the only vocabulary-sized tensor
+        xc, tc = x[i : i + chunk].to(cd), t[i : i + chunk]
+        logits = torch.mm(xc, wc.t()).float()  # (chunk, V): the only vocabulary-sized tensor
         tgt = logits.gather(1, tc[:, None])
         m = logits.amax(-1, keepdim=True)
-        e = logits.sub_(m).exp_()                                     # in place: no other (chunk, V) temporaries
+        e = logits.sub_(m).exp_()  # in place: no other (chunk, V) temporaries
         s = e.sum(-1, keepdim=True)
-        tot += (s.log() + m - tgt).sum()                              # log-sum-exp - target logit
-        if not grads: continue
-        g = e.div_(s)                                                 # softmax...
-        g[torch.arange(len(tc), device=g.device), tc] -= 1            # ... - onehot: dCE/dlogits
+        tot += (s.log() + m - tgt).sum()  # log-sum-exp - target logit
+        if not grads:
+            continue
+        g = e.div_(s)  # softmax...
+        g[torch.arange(len(tc), device=g.device), tc] -= 1  # ... - onehot: dCE/dlogits
         g = g.to(cd)
-        dx[i:i+chunk] = torch.mm(g, wc)
-        if cd == torch.float32: dw.addmm_(g.t(), xc)
-        else: dw += torch.mm(g.t(), xc).float()
+        dx[i : i + chunk] = torch.mm(g, wc)
+        if cd == torch.float32:
+            dw.addmm_(g.t(), xc)
+        else:
+            dw += torch.mm(g.t(), xc).float()
     return tot, dx, dw
+
 
 class _LinearCE(torch.autograd.Function):
     @staticmethod
@@ -145,34 +174,44 @@ class _LinearCE(torch.autograd.Function):
         tot, dx, dw = _ce_chunks(x, w, t, chunk, grads=True)
         ctx.save_for_backward(dx, dw)
         ctx.w_dtype = w.dtype
-        return tot/len(t)
+        return tot / len(t)
 
     @staticmethod
     def backward(ctx, go):
         dx, dw = ctx.saved_tensors
-        s = go/dx.shape[0]
-        return ((dx*s.to(dx.dtype)) if ctx.needs_input_grad[0] else None,
-                (dw*s).to(ctx.w_dtype) if ctx.needs_input_grad[1] else None, None, None)
+        s = go / dx.shape[0]
+        return (
+            (dx * s.to(dx.dtype)) if ctx.needs_input_grad[0] else None,
+            (dw * s).to(ctx.w_dtype) if ctx.needs_input_grad[1] else None,
+            None,
+            None,
+        )
+
 
 def linear_ce(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 0) -> torch.Tensor:
     "Mean cross-entropy of the logits `x @ weight.T` against `targets`, over chunks of `chunk` tokens (0: plain)."
     x, t = x.reshape(-1, x.shape[-1]), targets.reshape(-1)
-    if chunk <= 0 or chunk >= len(t): return F.cross_entropy(F.linear(x, weight).float(), t)
+    if chunk <= 0 or chunk >= len(t):
+        return F.cross_entropy(F.linear(x, weight).float(), t)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return _LinearCE.apply(x, weight, t, chunk)
-    return _ce_chunks(x, weight, t, chunk, grads=False)[0]/len(t)
+    return _ce_chunks(x, weight, t, chunk, grads=False)[0] / len(t)
 
 # %% ../nbs/01_model.ipynb #fc6b0c7a
 @dataclass
 class LoopedOutput:
-    hidden: list            # [H_1, ..., H_k], each (B, T, d)
-    logits: torch.Tensor    # readout of H_k (None when targets are given and logits were not asked for)
-    losses: torch.Tensor    # (k,) cross-entropy of each loop's readout; None without targets
+    hidden: list  # [H_1, ..., H_k], each (B, T, d)
+    logits: torch.Tensor  # readout of H_k (None when targets are given and logits were not asked for)
+    losses: torch.Tensor  # (k,) cross-entropy of each loop's readout; None without targets
 
     @property
-    def loss(self): return None if self.losses is None else self.losses[-1]
+    def loss(self):
+        return None if self.losses is None else self.losses[-1]
 
-def _wide(h): return h if h.dtype in (torch.float32, torch.float64) else h.float()  # reductions in >= float32
+
+def _wide(h):
+    return h if h.dtype in (torch.float32, torch.float64) else h.float()  # reductions in >= float32
+
 
 def unit_rms(h: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     "Each token's state divided by its RMS: the parameter-free inter-loop normalization."
@@ -201,43 +240,61 @@ Blind Spot in Looped Language Models" (official code: Rituraj003/readout-blind-s
 Load it with `LoopedLM.from_pretrained(path_or_repo)` (package `looped_lm`).
 """
 
-class LoopedLM(nn.Module, PyTorchModelHubMixin, model_card_template=MODEL_CARD, library_name='looped-lm',
-               tags=['looped-lm', 'readout-blind-spot']):
+
+class LoopedLM(
+    nn.Module,
+    PyTorchModelHubMixin,
+    model_card_template=MODEL_CARD,
+    library_name='looped-lm',
+    tags=['looped-lm', 'readout-blind-spot'],
+):
     "A decoder-only LM whose single stack of `n_layers` pre-norm blocks is applied `K` times."
+
     def __init__(self, config: LoopedLMConfig):
         super().__init__()
         c = self.config = config
-        self.card_info = {}    # what the model card says about the run (set by `from_run`)
+        self.card_info = {}  # what the model card says about the run (set by `from_run`)
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.pos_emb = nn.Embedding(c.max_seq_len, c.d_model)
         self.stack = nn.ModuleList([Block(c) for _ in range(c.n_layers)])
-        self.out_norm = make_norm('layernorm' if c.readout == 'layernorm' else 'rmsnorm', c.d_model, c.norm_eps) if c.readout != 'raw' else None
+        self.out_norm = (
+            make_norm('layernorm' if c.readout == 'layernorm' else 'rmsnorm', c.d_model, c.norm_eps)
+            if c.readout != 'raw'
+            else None
+        )
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        if c.tie_weights: self.head.weight = self.tok_emb.weight
-        if c.init == 'gpt2': self._init_gpt2()   # `torch`: PyTorch's defaults, untouched
+        if c.tie_weights:
+            self.head.weight = self.tok_emb.weight
+        if c.init == 'gpt2':
+            self._init_gpt2()  # `torch`: PyTorch's defaults, untouched
 
     def _init_gpt2(self):
         "N(0, 0.02) for every linear and embedding; residual projections scaled over the effective depth L*K."
         self.apply(self._init)
         for n, p in self.named_parameters():
-            if n.endswith('proj.weight'): nn.init.normal_(p, std=0.02/math.sqrt(2*self.config.n_layers*self.config.K))
+            if n.endswith('proj.weight'):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.config.n_layers * self.config.K))
 
     @staticmethod
     def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)): nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
 
     def embed(self, idx, start: int = 0):
         "H_0: token plus position embeddings of `idx`, whose first token sits at position `start` (then dropout)."
         T = idx.shape[1]
         if start + T > self.config.max_seq_len:
-            raise ValueError(f"A sequence of {start+T} tokens is longer than the model's context max_seq_len={self.config.max_seq_len}: "
-                             f"use at most {self.config.max_seq_len} positions.")
+            raise ValueError(
+                f"A sequence of {start + T} tokens is longer than the model's context max_seq_len={self.config.max_seq_len}: "
+                f"use at most {self.config.max_seq_len} positions."
+            )
         h = self.tok_emb(idx) + self.pos_emb(torch.arange(start, start + T, device=idx.device))
         return _dropout(h, self.config.dropout, self.training)
 
     def loop(self, h, caches: list = None):
         "One application of the shared stack (`caches`: one `LayerCache` per block, for incremental decoding)."
-        for i, blk in enumerate(self.stack): h = blk(h, None if caches is None else caches[i])
+        for i, blk in enumerate(self.stack):
+            h = blk(h, None if caches is None else caches[i])
         return h
 
     def readout_input(self, h, k: int = None):
@@ -260,51 +317,72 @@ class LoopedLM(nn.Module, PyTorchModelHubMixin, model_card_template=MODEL_CARD, 
             raise ValueError(f"exit_k must be an integer in 1..{self.config.K}, got {exit_k!r}.")
         return k_max
 
-    def forward(self, idx, targets=None, exit_k: int = None, loss_loops: str = 'all',
-                ce_chunk: int = 0, return_logits: bool = None) -> LoopedOutput:
+    def forward(
+        self,
+        idx,
+        targets=None,
+        exit_k: int = None,
+        loss_loops: str = 'all',
+        ce_chunk: int = 0,
+        return_logits: bool = None,
+    ) -> LoopedOutput:
         "Run `exit_k` (default K) loops. `loss_loops`: 'all' (CE of every loop) or 'last'. (Clamps: `protocol.run_loops`.)"
         k_max = self._check_exit(exit_k)
-        if loss_loops not in ('all', 'last'): raise ValueError(f"loss_loops must be 'all' or 'last', got {loss_loops!r}.")
+        if loss_loops not in ('all', 'last'):
+            raise ValueError(f"loss_loops must be 'all' or 'last', got {loss_loops!r}.")
         h, hidden = self.embed(idx), []
-        for k in range(1, k_max+1):
-            if k > 1: h = self.feed(h)
+        for k in range(1, k_max + 1):
+            if k > 1:
+                h = self.feed(h)
             h = self.loop(h)
             hidden.append(h)
         losses = None
         if targets is not None:
-            ks = range(1, k_max+1) if loss_loops == 'all' else [k_max]
-            losses = torch.stack([linear_ce(self.readout_input(hidden[k-1], k), self.head.weight, targets, ce_chunk) for k in ks])
-        if return_logits is None: return_logits = targets is None
+            ks = range(1, k_max + 1) if loss_loops == 'all' else [k_max]
+            losses = torch.stack(
+                [linear_ce(self.readout_input(hidden[k - 1], k), self.head.weight, targets, ce_chunk) for k in ks]
+            )
+        if return_logits is None:
+            return_logits = targets is None
         return LoopedOutput(hidden, self.readout(hidden[-1], k_max) if return_logits else None, losses)
 
 # %% ../nbs/01_model.ipynb #7f517519
 def num_params(model: nn.Module, embeddings: bool = True) -> int:
     "Distinct trainable parameters; `embeddings=False` leaves out token and position embeddings (and a tied head)."
     n = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if not embeddings and isinstance(model, LoopedLM): n -= model.tok_emb.weight.numel() + model.pos_emb.weight.numel()
+    if not embeddings and isinstance(model, LoopedLM):
+        n -= model.tok_emb.weight.numel() + model.pos_emb.weight.numel()
     return n
+
 
 def forward_flops_per_token(c: LoopedLMConfig, seq_len: int, exit_k: int = None, n_readouts: int = 1) -> float:
     "Forward FLOPs per token of a looped model run for `exit_k` loops with `n_readouts` readouts."
     k = c.K if exit_k is None else exit_k
-    d, h = c.d_model, int(c.mlp_ratio*c.d_model)
-    mlp_mats = 3 if c.mlp == 'swiglu' else 2         # SwiGLU: W1, W3 (d -> h) and W2 (h -> d)
-    block = 2*(3*d*d + d*d + mlp_mats*d*h) + 2*2*seq_len*d  # projections + attention scores and weighted values
-    return k*c.n_layers*block + n_readouts*2*d*c.vocab_size
+    d, h = c.d_model, int(c.mlp_ratio * c.d_model)
+    mlp_mats = 3 if c.mlp == 'swiglu' else 2  # SwiGLU: W1, W3 (d -> h) and W2 (h -> d)
+    block = (
+        2 * (3 * d * d + d * d + mlp_mats * d * h) + 2 * 2 * seq_len * d
+    )  # projections + attention scores and weighted values
+    return k * c.n_layers * block + n_readouts * 2 * d * c.vocab_size
+
 
 def train_flops_per_token(c: LoopedLMConfig, seq_len: int, loss: str = 'perloop') -> float:
     "Training FLOPs per token: 3x the forward (forward + backward), with K readouts for per-loop CE."
-    return 3*forward_flops_per_token(c, seq_len, c.K, c.K if loss == 'perloop' else 1)
+    return 3 * forward_flops_per_token(c, seq_len, c.K, c.K if loss == 'perloop' else 1)
 
 # %% ../nbs/01_model.ipynb #9177ab75
 def saved_tensor_bytes(fn, exclude=()) -> tuple:
     "(fn(), bytes of the distinct storages autograd saved for backward while `fn` ran), leaving out those of `exclude`."
     skip, seen = {p.untyped_storage().data_ptr() for p in exclude}, {}
+
     def pack(t):
         st = t.untyped_storage()
-        if st.data_ptr() not in skip: seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+        if st.data_ptr() not in skip:
+            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
         return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t): out = fn()
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
     return out, sum(seen.values())
 
 # %% ../nbs/01_model.ipynb #9b640ccc
@@ -312,90 +390,145 @@ def _last(rows):
     "The final-loop row of a per-loop list of dicts ({} when absent)."
     return rows[-1] if isinstance(rows, list) and rows and isinstance(rows[-1], dict) else {}
 
+
 def final_loop_row(diag: dict) -> dict:
     "The final loop's validation perplexity, mean hidden norm and radial fraction from a diagnostics report."
     exits = diag.get('exits', {})
-    ex, nm, rad = _last(exits.get('validation') if isinstance(exits, dict) else exits), _last(diag.get('norms')), _last(diag.get('radial'))
+    ex, nm, rad = (
+        _last(exits.get('validation') if isinstance(exits, dict) else exits),
+        _last(diag.get('norms')),
+        _last(diag.get('radial')),
+    )
     row = dict(k=ex.get('k'), ppl=ex.get('ppl'), bpb=ex.get('bpb'), norm=nm.get('mean'), radial=rad.get('readout'))
     return {k: v for k, v in row.items() if v is not None}
 
+
 def _run_card(run_dir: Path, cfg) -> dict:
     "What the model card says about a run directory."
+
     def read(name):
-        try: return json.loads((run_dir/name).read_text())
-        except (OSError, ValueError): return {}
-    from looped_lm.diagnostics import current_report   # lazily: diagnostics imports this module
+        try:
+            return json.loads((run_dir / name).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    from looped_lm.diagnostics import current_report  # lazily: diagnostics imports this module
     from looped_lm.train import RunDirError
-    try: diag = current_report(run_dir) or {}          # a stale report (older checkpoint or diagnostics) says nothing
-    except RunDirError: diag = {}                      # nor does a damaged one: the model loads all the same
+
+    try:
+        diag = current_report(run_dir) or {}  # a stale report (older checkpoint or diagnostics) says nothing
+    except RunDirError:
+        diag = {}  # nor does a damaged one: the model loads all the same
     data = read('data.json')
-    return dict(variant=run_dir.name, preset=cfg.name, corpus=data.get('corpus', cfg.corpus),
-                fingerprint=data.get('fingerprint', 'unknown'), final_row=final_loop_row(diag))
+    return dict(
+        variant=run_dir.name,
+        preset=cfg.name,
+        corpus=data.get('corpus', cfg.corpus),
+        fingerprint=data.get('fingerprint', 'unknown'),
+        final_row=final_loop_row(diag),
+    )
+
 
 @classmethod
 def _from_run(cls, run_dir, device='cpu') -> 'LoopedLM':
     "The model of a trained run directory (newest checkpoint, eval mode), with its model-card facts attached."
     from looped_lm.train import load_run  # lazily: the trainer imports this module
+
     cfg, model = load_run(run_dir, device)
     model.card_info = _run_card(Path(run_dir), cfg)
     return model
 
+
 def _generate_model_card(self, *args, **kwargs):
     "The Hub model card, filled from `card_info` (set by `from_run`) and the architecture."
     c = self.config
-    info = {**dict(variant='unnamed', preset='unknown', corpus='unknown', fingerprint='unknown', final_row={}), **self.card_info,
-            **dict(n_layers=c.n_layers, K=c.K, readout=c.readout, n_params=f"{num_params(self):,}")}
+    info = {
+        **dict(variant='unnamed', preset='unknown', corpus='unknown', fingerprint='unknown', final_row={}),
+        **self.card_info,
+        **dict(n_layers=c.n_layers, K=c.K, readout=c.readout, n_params=f"{num_params(self):,}"),
+    }
     return PyTorchModelHubMixin.generate_model_card(self, *args, **{**info, **kwargs})
+
 
 @classmethod
 def _from_pretrained(cls, *, config=None, strict: bool = True, **kw):
     "Hub loading: rebuild the `LoopedLMConfig` from config.json and load the weights strictly."
-    if isinstance(config, dict): config = LoopedLMConfig(**{f.name: config[f.name] for f in fields(LoopedLMConfig) if f.name in config})
+    if isinstance(config, dict):
+        config = LoopedLMConfig(**{f.name: config[f.name] for f in fields(LoopedLMConfig) if f.name in config})
     return super(LoopedLM, cls)._from_pretrained(config=config, strict=strict, **kw)
 
-LoopedLM.from_run, LoopedLM.generate_model_card, LoopedLM._from_pretrained = _from_run, _generate_model_card, _from_pretrained
+
+LoopedLM.from_run, LoopedLM.generate_model_card, LoopedLM._from_pretrained = (
+    _from_run,
+    _generate_model_card,
+    _from_pretrained,
+)
 
 # %% ../nbs/01_model.ipynb #c6f229bf
 def _exit_mask(halting, logits, k: int, k_max: int) -> torch.Tensor:
     "Bool (B,): the sequences whose token is read out at loop `k` (all of them at the last loop)."
     B = logits.shape[0]
-    if k == k_max: return torch.ones(B, dtype=torch.bool, device=logits.device)
-    if halting is None: return torch.zeros(B, dtype=torch.bool, device=logits.device)
+    if k == k_max:
+        return torch.ones(B, dtype=torch.bool, device=logits.device)
+    if halting is None:
+        return torch.zeros(B, dtype=torch.bool, device=logits.device)
     m = torch.as_tensor(halting(logits, k), device=logits.device)
     if m.shape != (B,) or m.dtype != torch.bool:
-        raise ValueError(f"halting(logits, k) must return a bool tensor of shape ({B},), got {m.dtype} {tuple(m.shape)}.")
+        raise ValueError(
+            f"halting(logits, k) must return a bool tensor of shape ({B},), got {m.dtype} {tuple(m.shape)}."
+        )
     return m
+
 
 def _next_token_logits(model, idx_new, start: int, caches, k_max: int, halting):
     "(logits (B, V), exit loop (B,)) of the last position of `idx_new`, each sequence read out at its exit loop."
     h = model.embed(idx_new, start)
     out, exits = None, torch.zeros(idx_new.shape[0], dtype=torch.long, device=idx_new.device)
     for k in range(1, k_max + 1):
-        if k > 1: h = model.feed(h)
-        h = model.loop(h, None if caches is None else caches[k-1])
-        if (exits > 0).all(): continue      # every token chosen: the remaining loops only fill their caches
+        if k > 1:
+            h = model.feed(h)
+        h = model.loop(h, None if caches is None else caches[k - 1])
+        if (exits > 0).all():
+            continue  # every token chosen: the remaining loops only fill their caches
         logits = model.readout(h[:, -1], k).float()
         new = _exit_mask(halting, logits, k, k_max) & (exits == 0)
         out = torch.where(new[:, None], logits, logits if out is None else out)
         exits[new] = k
     return out, exits
 
+
 def _sample(logits, temperature: float, generator):
-    if temperature == 0: return logits.argmax(-1)
+    if temperature == 0:
+        return logits.argmax(-1)
     return torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
 
+
 @torch.no_grad()
-def _generate(self, idx, max_new_tokens: int, exit_k: int = None, temperature: float = 0.0, generator=None,
-              halting=None, use_cache: bool = True, return_exits: bool = False):
+def _generate(
+    self,
+    idx,
+    max_new_tokens: int,
+    exit_k: int = None,
+    temperature: float = 0.0,
+    generator=None,
+    halting=None,
+    use_cache: bool = True,
+    return_exits: bool = False,
+):
     "Extend `idx` (B, T) by `max_new_tokens` tokens read out at loop `exit_k` (or where `halting` says), with per-loop KV caches (`use_cache`)."
     k_max = self._check_exit(exit_k)
-    if idx.ndim != 2 or idx.dtype != torch.long or idx.shape[1] == 0: raise ValueError(f"idx must be a non-empty (B, T) int64 tensor, got {idx.dtype} {tuple(idx.shape)}.")
-    if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0): raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}.")
-    if temperature < 0: raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}.")
-    need = idx.shape[1] + max_new_tokens - 1   # positions fed to the model (the last new token is not fed back)
+    if idx.ndim != 2 or idx.dtype != torch.long or idx.shape[1] == 0:
+        raise ValueError(f"idx must be a non-empty (B, T) int64 tensor, got {idx.dtype} {tuple(idx.shape)}.")
+    if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}.")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}.")
+    need = idx.shape[1] + max_new_tokens - 1  # positions fed to the model (the last new token is not fed back)
     if need > self.config.max_seq_len:
-        raise ValueError(f"A prompt of {idx.shape[1]} tokens plus {max_new_tokens} new ones needs {need} positions, but the model has "
-                         f"max_seq_len={self.config.max_seq_len}: shorten the prompt or ask for fewer tokens.")
+        raise ValueError(
+            f"A prompt of {idx.shape[1]} tokens plus {max_new_tokens} new ones needs {need} positions, but the model has "
+            f"max_seq_len={self.config.max_seq_len}: shorten the prompt or ask for fewer tokens."
+        )
     was_training, exits = self.training, []
     self.eval()
     caches = [[LayerCache() for _ in self.stack] for _ in range(k_max)] if use_cache else None
@@ -404,11 +537,15 @@ def _generate(self, idx, max_new_tokens: int, exit_k: int = None, temperature: f
         for _ in range(max_new_tokens):
             new = seq[:, fed:] if use_cache else seq
             logits, ex = _next_token_logits(self, new, fed if use_cache else 0, caches, k_max, halting)
-            if use_cache: fed = seq.shape[1]
+            if use_cache:
+                fed = seq.shape[1]
             seq = torch.cat([seq, _sample(logits, temperature, generator)[:, None]], 1)
             exits.append(ex)
-    finally: self.train(was_training)
-    if not return_exits: return seq
+    finally:
+        self.train(was_training)
+    if not return_exits:
+        return seq
     return seq, (torch.stack(exits, 1) if exits else torch.zeros(idx.shape[0], 0, dtype=torch.long, device=idx.device))
+
 
 LoopedLM.generate = _generate

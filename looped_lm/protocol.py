@@ -20,88 +20,141 @@ __all__ = ['CLAMPS', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'as_spec', '
 class LoopSpecError(ValueError):
     "A model description that would give wrong numbers without an error; the message says what is wrong and the fix."
 
+
 CLAMPS = ('none', 'freeze_loop1', 'remove_radial')
+
 
 @dataclass
 class LoopSpec:
     "A looped model as three callables; the library owns the loop (see `run_loops`)."
-    init: Callable      # tokens (B,T) int64 -> (state H_0, context)
-    step: Callable      # (H_{k-1}, context, k) -> H_k           k = 1, 2, ...  (may go beyond K)
-    readout: Callable   # (H_k, context, k) -> logits (B,T,V)
-    K: int              # the trained depth
+
+    init: Callable  # tokens (B,T) int64 -> (state H_0, context)
+    step: Callable  # (H_{k-1}, context, k) -> H_k           k = 1, 2, ...  (may go beyond K)
+    readout: Callable  # (H_k, context, k) -> logits (B,T,V)
+    K: int  # the trained depth
     name: str = 'model'
-    state: str = ''     # what H_k is, in words (stated in every report)
-    readout_uses_k: bool = False  # True only where the readout is meant to depend on k (e.g. a norm at the final loop only)
+    state: str = ''  # what H_k is, in words (stated in every report)
+    readout_uses_k: bool = (
+        False  # True only where the readout is meant to depend on k (e.g. a norm at the final loop only)
+    )
     no_clamp: str = ''  # non-empty: why this spec cannot be clamped (the state is not what the loop feeds back)
-    trace: Callable = None  # optional: tokens -> [H_1..H_K] as the model's own forward computes them (checked by check_spec)
+    trace: Callable = (
+        None  # optional: tokens -> [H_1..H_K] as the model's own forward computes them (checked by check_spec)
+    )
 
     def __post_init__(self):
         for n in ('init', 'step', 'readout'):
-            if not callable(getattr(self, n)): raise LoopSpecError(f"LoopSpec.{n} must be callable, got {type(getattr(self, n)).__name__}.")
-        if not (isinstance(self.K, int) and self.K >= 1): raise LoopSpecError(f"LoopSpec.K (the trained depth) must be an integer >= 1, got {self.K!r}.")
+            if not callable(getattr(self, n)):
+                raise LoopSpecError(f"LoopSpec.{n} must be callable, got {type(getattr(self, n)).__name__}.")
+        if not (isinstance(self.K, int) and self.K >= 1):
+            raise LoopSpecError(f"LoopSpec.K (the trained depth) must be an integer >= 1, got {self.K!r}.")
 
-    def __repr__(self): return f"LoopSpec({self.name!r}, K={self.K}, state={self.state!r})"
+    def __repr__(self):
+        return f"LoopSpec({self.name!r}, K={self.K}, state={self.state!r})"
 
 # %% ../nbs/03a_protocol.ipynb #01ebec23
 def _device(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device('cpu')
 
+
 def from_looped_lm(model: LoopedLM) -> LoopSpec:
     "The `LoopSpec` of one of our `LoopedLM`s: state = the residual stream after loop k, before the readout norm."
     c = model.config
-    def init(tokens): return model.embed(tokens.to(_device(model))), None
-    def step(h, ctx, k): return model.loop(model.feed(h) if k > 1 else h)
-    def readout(h, ctx, k): return model.readout(h, k)
-    fed = 'each token divided by its RMS (internorm) before the next loop' if c.recurrence == 'internorm' else 'fed back as is'
-    return LoopSpec(init, step, readout, c.K, name=f"LoopedLM(readout={c.readout}, recurrence={c.recurrence})",
-                    state=f"the residual stream after loop k (output of the shared stack), before the readout norm; {fed}",
-                    readout_uses_k=c.readout == 'final_norm', trace=lambda tokens: model(tokens.to(_device(model))).hidden)
+
+    def init(tokens):
+        return model.embed(tokens.to(_device(model))), None
+
+    def step(h, ctx, k):
+        return model.loop(model.feed(h) if k > 1 else h)
+
+    def readout(h, ctx, k):
+        return model.readout(h, k)
+
+    fed = (
+        'each token divided by its RMS (internorm) before the next loop'
+        if c.recurrence == 'internorm'
+        else 'fed back as is'
+    )
+    return LoopSpec(
+        init,
+        step,
+        readout,
+        c.K,
+        name=f"LoopedLM(readout={c.readout}, recurrence={c.recurrence})",
+        state=f"the residual stream after loop k (output of the shared stack), before the readout norm; {fed}",
+        readout_uses_k=c.readout == 'final_norm',
+        trace=lambda tokens: model(tokens.to(_device(model))).hidden,
+    )
+
 
 def as_spec(model_or_spec) -> LoopSpec:
     "A `LoopSpec` as is; a `LoopedLM` (also compiled or DDP-wrapped) through `from_looped_lm`; anything else is refused with the fix."
-    if isinstance(model_or_spec, LoopSpec): return model_or_spec
+    if isinstance(model_or_spec, LoopSpec):
+        return model_or_spec
     inner = getattr(model_or_spec, '_orig_mod', None) or getattr(model_or_spec, 'module', None)
-    if isinstance(inner, LoopedLM): return from_looped_lm(inner)
-    if isinstance(model_or_spec, LoopedLM): return from_looped_lm(model_or_spec)
-    raise TypeError(f"Cannot diagnose a {type(model_or_spec).__name__}: pass a looped_lm LoopedLM, or describe the model as "
-                    "LoopSpec(init, step, readout, K, state=...), or build one with from_hooks(model, loop_module, readout, K).")
+    if isinstance(inner, LoopedLM):
+        return from_looped_lm(inner)
+    if isinstance(model_or_spec, LoopedLM):
+        return from_looped_lm(model_or_spec)
+    raise TypeError(
+        f"Cannot diagnose a {type(model_or_spec).__name__}: pass a looped_lm LoopedLM, or describe the model as "
+        "LoopSpec(init, step, readout, K, state=...), or build one with from_hooks(model, loop_module, readout, K)."
+    )
 
 # %% ../nbs/03a_protocol.ipynb #d930a837
-def _rms64(h): return h.double().pow(2).mean(-1, keepdim=True).sqrt()
+def _rms64(h):
+    return h.double().pow(2).mean(-1, keepdim=True).sqrt()
+
 
 def clamp_state(h: torch.Tensor, mode: str, prev: torch.Tensor = None, rms1: torch.Tensor = None) -> torch.Tensor:
     "`h` under the clamp `mode` (see `CLAMPS`), given the previous clamped state `prev` and the loop-1 per-token RMS `rms1`."
-    if mode not in CLAMPS: raise LoopSpecError(f"Unknown clamp {mode!r}; choose one of {', '.join(CLAMPS)}.")
-    if mode == 'none' or prev is None: return h   # loop 1 is never clamped
-    if mode == 'freeze_loop1': return h * (rms1 / _rms64(h).clamp_min(1e-300)).to(h.dtype)
-    along = radial_tangential((h - prev).double(), prev.double())[0]   # remove_radial: the update's part along prev
+    if mode not in CLAMPS:
+        raise LoopSpecError(f"Unknown clamp {mode!r}; choose one of {', '.join(CLAMPS)}.")
+    if mode == 'none' or prev is None:
+        return h  # loop 1 is never clamped
+    if mode == 'freeze_loop1':
+        return h * (rms1 / _rms64(h).clamp_min(1e-300)).to(h.dtype)
+    along = radial_tangential((h - prev).double(), prev.double())[0]  # remove_radial: the update's part along prev
     return h - along.to(h.dtype)
+
 
 def _as_tokens(tokens) -> torch.Tensor:
     "Token ids (tensor, numpy array or nested list) as a (B, T) int64 tensor; a 1-D sequence becomes one row."
     t = torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, torch.Tensor) else tokens)
-    if t.dtype.is_floating_point or t.dtype == torch.bool: raise LoopSpecError(f"Token ids must be integers, got {t.dtype}.")
-    if t.dim() == 1: t = t[None]
-    if t.dim() != 2 or t.numel() == 0: raise LoopSpecError(f"Token ids must be (batch, seq_len), got shape {tuple(t.shape)}.")
+    if t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise LoopSpecError(f"Token ids must be integers, got {t.dtype}.")
+    if t.dim() == 1:
+        t = t[None]
+    if t.dim() != 2 or t.numel() == 0:
+        raise LoopSpecError(f"Token ids must be (batch, seq_len), got shape {tuple(t.shape)}.")
     return t.long()
+
 
 def run_loops(spec, tokens, k: int, clamp: str = 'none', grad: bool = False) -> tuple:
     "([H_1, ..., H_k], context): `k` loops of `spec` (any k >= 1, also beyond K), `clamp` applied to each H_k after its step."
     spec = as_spec(spec)
-    if not (isinstance(k, (int, np.integer)) and k >= 1): raise LoopSpecError(f"k must be an integer number of loops >= 1, got {k!r}.")
-    if clamp not in CLAMPS: raise LoopSpecError(f"Unknown clamp {clamp!r}; choose one of {', '.join(CLAMPS)}.")
-    if clamp != 'none' and spec.no_clamp: raise LoopSpecError(f"{spec.name} cannot be clamped: {spec.no_clamp}")
+    if not (isinstance(k, (int, np.integer)) and k >= 1):
+        raise LoopSpecError(f"k must be an integer number of loops >= 1, got {k!r}.")
+    if clamp not in CLAMPS:
+        raise LoopSpecError(f"Unknown clamp {clamp!r}; choose one of {', '.join(CLAMPS)}.")
+    if clamp != 'none' and spec.no_clamp:
+        raise LoopSpecError(f"{spec.name} cannot be clamped: {spec.no_clamp}")
     tokens = _as_tokens(tokens)
     with torch.set_grad_enabled(grad):
         h, ctx = spec.init(tokens)
         hidden, rms1 = [], None
-        for j in range(1, int(k)+1):
+        for j in range(1, int(k) + 1):
             h = spec.step(h, ctx, j)
-            if not isinstance(h, torch.Tensor): raise LoopSpecError(f"{spec.name}: step {j} returned a {type(h).__name__}, not the state tensor; "
-                                                                   "select the state (e.g. out[0]) inside step.")
-            if clamp != 'none' and j > 1: h = clamp_state(h, clamp, hidden[-1], rms1)
-            if j == 1: rms1 = _rms64(h)
+            if not isinstance(h, torch.Tensor):
+                raise LoopSpecError(
+                    f"{spec.name}: step {j} returned a {type(h).__name__}, not the state tensor; "
+                    "select the state (e.g. out[0]) inside step."
+                )
+            if clamp != 'none' and j > 1:
+                h = clamp_state(h, clamp, hidden[-1], rms1)
+            if j == 1:
+                rms1 = _rms64(h)
             hidden.append(h)
     return hidden, ctx
 
@@ -109,131 +162,247 @@ def run_loops(spec, tokens, k: int, clamp: str = 'none', grad: bool = False) -> 
 def token_windows(ids, seq_len: int, batch_size: int, max_batches: int = None, device='cpu'):
     "(x, y) batches of every consecutive window of `seq_len` tokens of the 1-D ids `ids` (tensor, array or list; y = x shifted by one): `data.eval_batches` on plain ids, the last batch possibly smaller."
     ids = (ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)).reshape(-1)
-    if seq_len < 1 or batch_size < 1: raise LoopSpecError(f"seq_len and batch_size must be >= 1, got {seq_len} and {batch_size}.")
-    if len(ids) < seq_len + 1: raise LoopSpecError(f"{len(ids)} tokens give no window of {seq_len} (+1 target); pass more tokens or a smaller seq_len.")
+    if seq_len < 1 or batch_size < 1:
+        raise LoopSpecError(f"seq_len and batch_size must be >= 1, got {seq_len} and {batch_size}.")
+    if len(ids) < seq_len + 1:
+        raise LoopSpecError(
+            f"{len(ids)} tokens give no window of {seq_len} (+1 target); pass more tokens or a smaller seq_len."
+        )
     return eval_batches(ids, batch_size, seq_len, max_batches, device=device)
 
 # %% ../nbs/03a_protocol.ipynb #4dd7a512
-class _Stop(Exception): "Raised by the pre-hook to end a forward pass at the loop module's first call."
+class _Stop(Exception):
+    "Raised by the pre-hook to end a forward pass at the loop module's first call."
+
 
 def _state_of(out, select, name):
     "The state tensor among a loop module's outputs: `select(out)`, the first of a tuple, or the tensor itself."
-    if select is not None: out = select(out)
-    elif isinstance(out, (tuple, list)): out = out[0]
+    if select is not None:
+        out = select(out)
+    elif isinstance(out, (tuple, list)):
+        out = out[0]
     if not isinstance(out, torch.Tensor):
-        raise LoopSpecError(f"{name}: the loop module returned a {type(out).__name__}, not a tensor; pass select=lambda out: ... to pick the state.")
+        raise LoopSpecError(
+            f"{name}: the loop module returned a {type(out).__name__}, not a tensor; pass select=lambda out: ... to pick the state."
+        )
     return out
+
 
 def _first_call(model, loop_module, tokens, forward_kwargs, name):
     "(state, other args, kwargs) of the loop module's first call in model(tokens); the forward stops there."
     got = {}
-    def pre(mod, args, kwargs): got.update(args=args, kwargs=kwargs); raise _Stop
+
+    def pre(mod, args, kwargs):
+        got.update(args=args, kwargs=kwargs)
+        raise _Stop
+
     hook = loop_module.register_forward_pre_hook(pre, with_kwargs=True)
-    try: model(tokens, **forward_kwargs)
-    except _Stop: pass
-    finally: hook.remove()
-    if not got: raise LoopSpecError(f"{name}: the loop module was never called by the forward; pass the submodule the forward runs once per loop.")
+    try:
+        model(tokens, **forward_kwargs)
+    except _Stop:
+        pass
+    finally:
+        hook.remove()
+    if not got:
+        raise LoopSpecError(
+            f"{name}: the loop module was never called by the forward; pass the submodule the forward runs once per loop."
+        )
     if not (got['args'] and isinstance(got['args'][0], torch.Tensor)):
-        raise LoopSpecError(f"{name}: the loop module's first positional argument must be the state tensor; pass embed=... or write a LoopSpec.")
+        raise LoopSpecError(
+            f"{name}: the loop module's first positional argument must be the state tensor; pass embed=... or write a LoopSpec."
+        )
     return got['args'][0], got['args'][1:], got['kwargs']
 
+
 def _check_count(n, K, name, what):
-    if n == K: return
-    hint = ("one more than K: Hugging Face-style hidden states put the embedding output first, which would shift every loop label "
-            "by one — drop it, e.g. states=lambda out: out.hidden_states[1:]" if n == K+1 else
-            "the forward did not run K loops — pass forward_kwargs that make it run K (e.g. dict(num_steps=K)), or fix K")
+    if n == K:
+        return
+    hint = (
+        "one more than K: Hugging Face-style hidden states put the embedding output first, which would shift every loop label "
+        "by one — drop it, e.g. states=lambda out: out.hidden_states[1:]"
+        if n == K + 1
+        else "the forward did not run K loops — pass forward_kwargs that make it run K (e.g. dict(num_steps=K)), or fix K"
+    )
     raise LoopSpecError(f"{name}: {what} gave {n} states for K={K}: {hint}.")
 
-def from_hooks(model: nn.Module, loop_module: nn.Module, readout: Callable, K: int, embed: Callable = None,
-               forward_kwargs: dict = None, states: Callable = None, select: Callable = None, steppable: bool = True,
-               state: str = '', name: str = None) -> LoopSpec:
+
+def from_hooks(
+    model: nn.Module,
+    loop_module: nn.Module,
+    readout: Callable,
+    K: int,
+    embed: Callable = None,
+    forward_kwargs: dict = None,
+    states: Callable = None,
+    select: Callable = None,
+    steppable: bool = True,
+    state: str = '',
+    name: str = None,
+) -> LoopSpec:
     "A `LoopSpec` for `model` from its per-loop submodule `loop_module` (first argument: the state; output: the next state)."
     fk, name = dict(forward_kwargs or {}), name or type(model).__name__
     if states is None and not isinstance(loop_module, nn.Module):
-        raise LoopSpecError(f"{name}: loop_module must be the nn.Module the forward runs once per loop (or pass states=...).")
-    def on_device(t): return t.to(_device(model))
+        raise LoopSpecError(
+            f"{name}: loop_module must be the nn.Module the forward runs once per loop (or pass states=...)."
+        )
+
+    def on_device(t):
+        return t.to(_device(model))
+
     def trace(tokens):
-        if states is not None: hs = list(states(model(on_device(tokens), **fk)))
+        if states is not None:
+            hs = list(states(model(on_device(tokens), **fk)))
         else:
             hs = []
             hook = loop_module.register_forward_hook(lambda mod, args, out: hs.append(_state_of(out, select, name)))
-            try: model(on_device(tokens), **fk)
-            finally: hook.remove()
-        _check_count(len(hs), K, name, 'the forward' + (' (states=...)' if states is not None else ' (hooked loop module)'))
+            try:
+                model(on_device(tokens), **fk)
+            finally:
+                hook.remove()
+        _check_count(
+            len(hs), K, name, 'the forward' + (' (states=...)' if states is not None else ' (hooked loop module)')
+        )
         return hs
+
     if states is not None or not steppable:
-        def init(tokens): return None, dict(states=trace(tokens))
+
+        def init(tokens):
+            return None, dict(states=trace(tokens))
+
         def step(h, ctx, k):
-            if k > len(ctx['states']): raise LoopSpecError(f"{name}: a recorded spec holds the {len(ctx['states'])} loops of one forward "
-                                                          f"pass and cannot run loop {k}; use a steppable spec to go beyond K.")
-            return ctx['states'][k-1]
-        why = ("its states were recorded from one forward pass, so a clamped state would never reach the next loop and the clamp "
-               "would silently change nothing; use from_hooks(..., steppable=True) with the module that receives the state, or a LoopSpec.")
-        return LoopSpec(init, step, readout, K, name, state or f"the recorded output of loop k of {name}'s own forward",
-                        no_clamp=why, trace=trace)
+            if k > len(ctx['states']):
+                raise LoopSpecError(
+                    f"{name}: a recorded spec holds the {len(ctx['states'])} loops of one forward "
+                    f"pass and cannot run loop {k}; use a steppable spec to go beyond K."
+                )
+            return ctx['states'][k - 1]
+
+        why = (
+            "its states were recorded from one forward pass, so a clamped state would never reach the next loop and the clamp "
+            "would silently change nothing; use from_hooks(..., steppable=True) with the module that receives the state, or a LoopSpec."
+        )
+        return LoopSpec(
+            init,
+            step,
+            readout,
+            K,
+            name,
+            state or f"the recorded output of loop k of {name}'s own forward",
+            no_clamp=why,
+            trace=trace,
+        )
+
     def init(tokens):
-        h0, args, kwargs = embed(on_device(tokens)) if embed is not None else _first_call(model, loop_module, on_device(tokens), fk, name)
+        h0, args, kwargs = (
+            embed(on_device(tokens))
+            if embed is not None
+            else _first_call(model, loop_module, on_device(tokens), fk, name)
+        )
         return h0, dict(args=tuple(args), kwargs=dict(kwargs))
-    def step(h, ctx, k): return _state_of(loop_module(h, *ctx['args'], **ctx['kwargs']), select, name)
-    return LoopSpec(init, step, readout, K, name, state or f"the output of {type(loop_module).__name__} at loop k, which its next call receives",
-                    trace=trace)
+
+    def step(h, ctx, k):
+        return _state_of(loop_module(h, *ctx['args'], **ctx['kwargs']), select, name)
+
+    return LoopSpec(
+        init,
+        step,
+        readout,
+        K,
+        name,
+        state or f"the output of {type(loop_module).__name__} at loop k, which its next call receives",
+        trace=trace,
+    )
 
 # %% ../nbs/03a_protocol.ipynb #6c20c4a5
 def _ce64(logits, y):
     "Mean next-token cross-entropy in float64."
     return F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]), y.reshape(-1).to(logits.device)).item()
 
+
 def _depends(out, inp) -> bool:
     "Whether autograd connects `out` to `inp` (False for a no_grad or detach in between)."
-    return out.requires_grad and torch.autograd.grad(out.sum(), inp, allow_unused=True, retain_graph=True)[0] is not None
+    return (
+        out.requires_grad and torch.autograd.grad(out.sum(), inp, allow_unused=True, retain_graph=True)[0] is not None
+    )
+
 
 def _scale_answer(scale, tol):
     base = next(r['ce'] for r in scale if r['alpha'] == 1.0)
     d = max(abs(r['ce'] - base) for r in scale)
     kind = 'scale-invariant' if d <= tol else 'scale-SENSITIVE'
-    return d <= tol, f"{kind}: the CE of the final readout changes by {d:.2g} nats when H_K is halved or doubled (float64)"
+    return (
+        d <= tol,
+        f"{kind}: the CE of the final readout changes by {d:.2g} nats when H_K is halved or doubled (float64)",
+    )
+
 
 def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
     "Run `spec` on `tokens` and raise `LoopSpecError` for the silent mistakes; return what was measured (see above)."
     spec = as_spec(spec)
     x = _as_tokens(tokens)
     if targets is None:
-        if x.shape[1] < 2: raise LoopSpecError("check_spec needs sequences of >= 2 tokens (targets are the next tokens), or targets=...")
+        if x.shape[1] < 2:
+            raise LoopSpecError(
+                "check_spec needs sequences of >= 2 tokens (targets are the next tokens), or targets=..."
+            )
         x, y = x[:, :-1], x[:, 1:]
-    else: y = _as_tokens(targets)
-    if not spec.state: raise LoopSpecError(f"{spec.name}: say which tensor H_k is, e.g. LoopSpec(..., state='the residual stream after loop k, "
-                                           "before the readout norm'); the diagnostics' results depend on it.")
+    else:
+        y = _as_tokens(targets)
+    if not spec.state:
+        raise LoopSpecError(
+            f"{spec.name}: say which tensor H_k is, e.g. LoopSpec(..., state='the residual stream after loop k, "
+            "before the readout norm'); the diagnostics' results depend on it."
+        )
     K, res = spec.K, dict(name=spec.name, state=spec.state, K=spec.K)
     hs, ctx = run_loops(spec, x, K)
     if spec.trace is not None:
-        with torch.no_grad(): tr = spec.trace(x)
+        with torch.no_grad():
+            tr = spec.trace(x)
         # (a from_hooks trace checks its count itself; with K replaced, the states both have are compared)
-        diff = max(((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item() for a, b in zip(hs, tr))
-        if diff > 1e-4: raise LoopSpecError(f"{spec.name}: the steps do not reproduce the model's own forward (relative difference {diff:.2g}): "
-                                            "the loop module's other inputs change between loops, step feeds a different tensor than the forward, "
-                                            "or the model is in training mode with dropout (call model.eval()).")
+        diff = max(
+            ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item() for a, b in zip(hs, tr)
+        )
+        if diff > 1e-4:
+            raise LoopSpecError(
+                f"{spec.name}: the steps do not reproduce the model's own forward (relative difference {diff:.2g}): "
+                "the loop module's other inputs change between loops, step feeds a different tensor than the forward, "
+                "or the model is in training mode with dropout (call model.eval())."
+            )
         res['forward_rel_diff'] = diff
     if K > 1 and all(torch.equal(hs[0], h) for h in hs[1:]):
-        raise LoopSpecError(f"{spec.name}: all {K} states are identical — the step ignores its input state and depth (e.g. an adapter whose "
-                            "forward ignores exit_k/num_steps and reruns the whole model); every exit would report the same CE.")
-    with torch.no_grad(): outs = [spec.readout(hs[-1], ctx, k) for k in range(1, K+1)]
+        raise LoopSpecError(
+            f"{spec.name}: all {K} states are identical — the step ignores its input state and depth (e.g. an adapter whose "
+            "forward ignores exit_k/num_steps and reruns the whole model); every exit would report the same CE."
+        )
+    with torch.no_grad():
+        outs = [spec.readout(hs[-1], ctx, k) for k in range(1, K + 1)]
     res['readout_uses_k'] = any(not torch.equal(o, outs[-1]) for o in outs)
     if res['readout_uses_k'] and not spec.readout_uses_k:
-        raise LoopSpecError(f"{spec.name}: the readout of the same state changes with k, but the spec says it does not; set "
-                            "readout_uses_k=True if that is meant (e.g. a norm at the final loop only), else make readout ignore k.")
+        raise LoopSpecError(
+            f"{spec.name}: the readout of the same state changes with k, but the spec says it does not; set "
+            "readout_uses_k=True if that is meant (e.g. a norm at the final loop only), else make readout ignore k."
+        )
     with torch.enable_grad():
         h = hs[-1].detach().requires_grad_()
-        ce = F.cross_entropy(spec.readout(h, ctx, K).float().reshape(-1, outs[-1].shape[-1]), y.reshape(-1).to(h.device))
-        if not _depends(ce, h): raise LoopSpecError(f"{spec.name}: the readout's CE does not depend differentiably on the state (no_grad or detach "
-                                                     "inside readout); radial fractions need d CE / d H_k.")
+        ce = F.cross_entropy(
+            spec.readout(h, ctx, K).float().reshape(-1, outs[-1].shape[-1]), y.reshape(-1).to(h.device)
+        )
+        if not _depends(ce, h):
+            raise LoopSpecError(
+                f"{spec.name}: the readout's CE does not depend differentiably on the state (no_grad or detach "
+                "inside readout); radial fractions need d CE / d H_k."
+            )
         res['steps_differentiable'] = None
         if not spec.no_clamp and K > 1:
             h1 = hs[0].detach().requires_grad_()
             res['steps_differentiable'] = _depends(spec.step(h1, ctx, 2), h1)
-            if not res['steps_differentiable']: raise LoopSpecError(f"{spec.name}: step 2 is not differentiable in its input state (no_grad or "
-                                                                    "detach inside step); the objective's radial fraction needs gradients through later loops.")
+            if not res['steps_differentiable']:
+                raise LoopSpecError(
+                    f"{spec.name}: step 2 is not differentiable in its input state (no_grad or "
+                    "detach inside step); the objective's radial fraction needs gradients through later loops."
+                )
     with torch.no_grad():
-        res['scale'] = [dict(alpha=a, ce=_ce64(spec.readout(a*hs[-1], ctx, K), y)) for a in (0.5, 1.0, 2.0)]
+        res['scale'] = [dict(alpha=a, ce=_ce64(spec.readout(a * hs[-1], ctx, K), y)) for a in (0.5, 1.0, 2.0)]
         res['ce'] = [_ce64(spec.readout(h, ctx, k), y) for k, h in enumerate(hs, 1)]
     res['scale_invariant'], res['answer'] = _scale_answer(res['scale'], scale_tol)
     return res

@@ -12,8 +12,25 @@ import numpy as np, pandas as pd, torch
 from .config import ExperimentConfig, ConfigError, load_preset
 from .data import prepare_data, write_atomic, dir_lock
 from .model import LoopedLM, LoopedLMConfig, num_params, train_flops_per_token
-from .train import train, TrainingError, RunDirError, run_status, read_metrics, latest_checkpoint, load_run, resolve_device
-from .diagnostics import eval_exits, token_norms, norm_stats, radial_fractions, checkpoint_id, matches_key, DIAG_VERSION
+from looped_lm.train import (
+    train,
+    TrainingError,
+    RunDirError,
+    run_status,
+    read_metrics,
+    latest_checkpoint,
+    load_run,
+    resolve_device,
+)
+from looped_lm.diagnostics import (
+    eval_exits,
+    token_norms,
+    norm_stats,
+    radial_fractions,
+    checkpoint_id,
+    matches_key,
+    DIAG_VERSION,
+)
 from .protocol import as_spec
 from .ablation import VARIANTS, check_variants, check_seeds, repo_root, to_markdown, check_folder
 
@@ -26,80 +43,120 @@ __all__ = ['AT_RISK', 'CONTROLS', 'RECIPES', 'AXES', 'GRIDS', 'REFERENCE', 'SCAL
            'draw', 'run_scaling']
 
 # %% ../nbs/07_scaling.ipynb #9e3cef37
-AT_RISK = 'perloop-rmsnorm'                                         # per-loop CE through RMSNorm readouts: the at-risk setting
+AT_RISK = 'perloop-rmsnorm'  # per-loop CE through RMSNorm readouts: the at-risk setting
 CONTROLS = ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty')  # its scale-controlled counterparts
 
-RECIPES = {   # the lr_wd axis: named optimiser recipes, as overrides of the centre
+RECIPES = {  # the lr_wd axis: named optimiser recipes, as overrides of the centre
     'preset': {},
     'decay-all': dict(weight_decay=0.01, decay_all=True),
     'low-lr': dict(lr=3e-4),
     'official': dict(lr=3e-4, schedule='constant', warmup_steps=0, weight_decay=0.01, decay_all=True, beta2=0.999),
 }
 
+
 def _positive(axis: str, v, integer: bool = False):
     "`v` as a positive number (an integer when `integer`), else a `ConfigError` naming the axis."
-    ok = (not isinstance(v, bool) and isinstance(v, numbers.Real) and math.isfinite(v) and v > 0
-          and (not integer or float(v).is_integer()))
-    if not ok: raise ConfigError(f"axis {axis}: {v!r} is not a positive {'integer' if integer else 'number'}; "
-                                 f"give positive {'integers' if integer else 'numbers'}, e.g. {AXES[axis].example}.")
+    ok = (
+        not isinstance(v, bool)
+        and isinstance(v, numbers.Real)
+        and math.isfinite(v)
+        and v > 0
+        and (not integer or float(v).is_integer())
+    )
+    if not ok:
+        raise ConfigError(
+            f"axis {axis}: {v!r} is not a positive {'integer' if integer else 'number'}; "
+            f"give positive {'integers' if integer else 'numbers'}, e.g. {AXES[axis].example}."
+        )
     return int(v) if integer else float(v)
 
+
 def _budget(base: ExperimentConfig, m) -> dict:
-    steps = round(_positive('budget', m)*base.steps)
-    if steps < 1: raise ConfigError(f"axis budget: {m!r} x the centre's {base.steps} steps buys no optimiser step; "
-                                    f"use a multiple of at least {1/base.steps:.3g}.")
-    if base.schedule == 'cosine' and steps <= base.warmup_steps:   # it would never reach the peak lr: budget mixed with lr
-        raise ConfigError(f"axis budget: {m!r} x {base.steps} = {steps} steps ends inside the {base.warmup_steps}-step warm-up; "
-                          f"use a larger multiple or lower warmup_steps in the grid's overrides.")
-    return {} if steps == base.steps else dict(train_tokens=steps*base.batch_size*base.seq_len)
+    steps = round(_positive('budget', m) * base.steps)
+    if steps < 1:
+        raise ConfigError(
+            f"axis budget: {m!r} x the centre's {base.steps} steps buys no optimiser step; "
+            f"use a multiple of at least {1 / base.steps:.3g}."
+        )
+    if (
+        base.schedule == 'cosine' and steps <= base.warmup_steps
+    ):  # it would never reach the peak lr: budget mixed with lr
+        raise ConfigError(
+            f"axis budget: {m!r} x {base.steps} = {steps} steps ends inside the {base.warmup_steps}-step warm-up; "
+            f"use a larger multiple or lower warmup_steps in the grid's overrides."
+        )
+    return {} if steps == base.steps else dict(train_tokens=steps * base.batch_size * base.seq_len)
+
 
 def _width(base: ExperimentConfig, d) -> dict:
     d = _positive('width', d, integer=True)
-    if d % base.n_heads: raise ConfigError(f"axis width: d_model {d} is not divisible by the preset's n_heads = {base.n_heads}; "
-                                           f"use a multiple of {base.n_heads} (e.g. {max(base.n_heads, d - d % base.n_heads)}).")
+    if d % base.n_heads:
+        raise ConfigError(
+            f"axis width: d_model {d} is not divisible by the preset's n_heads = {base.n_heads}; "
+            f"use a multiple of {base.n_heads} (e.g. {max(base.n_heads, d - d % base.n_heads)})."
+        )
     return dict(d_model=d)
+
 
 def _recipe(base: ExperimentConfig, name) -> dict:
     if not isinstance(name, str) or name not in RECIPES:
-        raise ConfigError(f"axis lr_wd: unknown recipe {name!r}; choose from {', '.join(RECIPES)} (or add one to RECIPES).")
+        raise ConfigError(
+            f"axis lr_wd: unknown recipe {name!r}; choose from {', '.join(RECIPES)} (or add one to RECIPES)."
+        )
     return dict(RECIPES[name])
 
-def _loops(base: ExperimentConfig, K) -> dict: return dict(K=_positive('K', K, integer=True))
+
+def _loops(base: ExperimentConfig, K) -> dict:
+    return dict(K=_positive('K', K, integer=True))
+
 
 @dataclass(frozen=True)
 class Axis:
     "One factor of the study: how a value changes the centre's config, and the value the centre has on it."
-    name: str
-    label: str                 # the x-axis of its panel
-    overrides: Callable        # (centre config, value) -> overrides; a bad value is a ConfigError naming the fix
-    centre: Callable           # centre config -> the centre's value on this axis
-    example: str               # what a good list looks like (in error messages)
 
-AXES = {a.name: a for a in [
-    Axis('budget', 'training tokens', _budget, lambda b: 1.0, '[0.25, 0.5, 1, 2]'),
-    Axis('width', 'd_model', _width, lambda b: b.d_model, '[64, 128]'),
-    Axis('lr_wd', 'optimiser recipe', _recipe, lambda b: 'preset', str(list(RECIPES))),
-    Axis('K', 'loops K', _loops, lambda b: b.K, '[2, 4, 8]'),
-]}
+    name: str
+    label: str  # the x-axis of its panel
+    overrides: Callable  # (centre config, value) -> overrides; a bad value is a ConfigError naming the fix
+    centre: Callable  # centre config -> the centre's value on this axis
+    example: str  # what a good list looks like (in error messages)
+
+
+AXES = {
+    a.name: a
+    for a in [
+        Axis('budget', 'training tokens', _budget, lambda b: 1.0, '[0.25, 0.5, 1, 2]'),
+        Axis('width', 'd_model', _width, lambda b: b.d_model, '[64, 128]'),
+        Axis('lr_wd', 'optimiser recipe', _recipe, lambda b: 'preset', str(list(RECIPES))),
+        Axis('K', 'loops K', _loops, lambda b: b.K, '[2, 4, 8]'),
+    ]
+}
 
 # %% ../nbs/07_scaling.ipynb #907a6ea1
 @dataclass(frozen=True)
 class Point:
     "A point of the study: the centre, or one value of one axis (`overrides` of the centre's config)."
-    name: str          # also the run directories' prefix: 'centre', 'budget-0.25', 'width-64', 'lr_wd-official', 'K-8'
-    axis: str          # 'centre' or the axis it varies
-    value: object      # the axis value (None for the centre)
+
+    name: str  # also the run directories' prefix: 'centre', 'budget-0.25', 'width-64', 'lr_wd-official', 'K-8'
+    axis: str  # 'centre' or the axis it varies
+    value: object  # the axis value (None for the centre)
     overrides: dict
 
-    def config(self, base: ExperimentConfig) -> ExperimentConfig: return base.replace(**self.overrides)
+    def config(self, base: ExperimentConfig) -> ExperimentConfig:
+        return base.replace(**self.overrides)
 
-def _config_key(cfg: ExperimentConfig) -> str: return json.dumps(cfg.to_dict(), sort_keys=True)
+
+def _config_key(cfg: ExperimentConfig) -> str:
+    return json.dumps(cfg.to_dict(), sort_keys=True)
+
 
 def _values(axis: str, values) -> list:
-    if axis not in AXES: raise ConfigError(f"Unknown axis {axis!r}; valid axes: {', '.join(AXES)}.")
+    if axis not in AXES:
+        raise ConfigError(f"Unknown axis {axis!r}; valid axes: {', '.join(AXES)}.")
     vals = None if isinstance(values, (str, bytes, dict)) or not hasattr(values, '__iter__') else list(values)
-    if not vals: raise ConfigError(f"axis {axis}: give a non-empty list of values, e.g. {AXES[axis].example}; got {values!r}.")
+    if not vals:
+        raise ConfigError(f"axis {axis}: give a non-empty list of values, e.g. {AXES[axis].example}; got {values!r}.")
     return vals
+
 
 def scaling_points(base_cfg: ExperimentConfig, axes: dict) -> list:
     "The centre (`base_cfg` as is) once, then each axis's other values one at a time, every value and config checked first."
@@ -109,10 +166,11 @@ def scaling_points(base_cfg: ExperimentConfig, axes: dict) -> list:
     for axis, values in axes.items():
         for v in _values(axis, values):
             ov = AXES[axis].overrides(base_cfg, v)
-            key = _config_key(base_cfg.replace(**ov))          # validates the whole config of the point
+            key = _config_key(base_cfg.replace(**ov))  # validates the whole config of the point
             name = f"{axis}-{v:g}" if isinstance(v, numbers.Real) else f"{axis}-{v}"
             if key in seen:
-                if seen[key] == 'centre': continue             # the centre's own value: listed once, as the centre
+                if seen[key] == 'centre':
+                    continue  # the centre's own value: listed once, as the centre
                 raise ConfigError(f"axis {axis}: {v!r} gives the same run as {seen[key]}; list each value once.")
             seen[key] = name
             points.append(Point(name, axis, v, ov))
@@ -122,39 +180,58 @@ def scaling_points(base_cfg: ExperimentConfig, axes: dict) -> list:
 @dataclass(frozen=True)
 class Grid:
     "A named study: the centre (a preset with `overrides`), the axes around it, the variants, the seeds and the measurement's budget."
+
     preset: str
     axes: dict
     overrides: dict = field(default_factory=dict)
     variants: tuple = (AT_RISK, *CONTROLS)
-    seeds: tuple = None              # None: the centre preset's own `seed` (one run per point and variant)
-    measure_tokens: int = 16384      # the first validation tokens: perplexity at every exit and per-token norms
-    radial_tokens: int = 4096        # the first of those: the float64 radial gradient fraction
-    publish: bool = True             # default figures in figures/scaling-<grid>/ (False: in the study folder)
+    seeds: tuple = None  # None: the centre preset's own `seed` (one run per point and variant)
+    measure_tokens: int = 16384  # the first validation tokens: perplexity at every exit and per-token norms
+    radial_tokens: int = 4096  # the first of those: the float64 radial gradient fraction
+    publish: bool = True  # default figures in figures/scaling-<grid>/ (False: in the study folder)
+
 
 GRIDS = {
-    'tiny': Grid('smoke', dict(budget=[0.25, 0.5, 1], width=[32, 64], lr_wd=['preset', 'official'], K=[2, 4]),
-                 overrides=dict(train_tokens=4096, warmup_steps=2), variants=(AT_RISK, 'perloop-raw'), measure_tokens=2048, radial_tokens=512,
-                 publish=False),
-    'cpu': Grid('cpu', dict(budget=[0.25, 0.5, 1, 2], width=[64, 128], lr_wd=list(RECIPES), K=[2, 4, 8]),
-                overrides=dict(train_tokens=614400)),
+    'tiny': Grid(
+        'smoke',
+        dict(budget=[0.25, 0.5, 1], width=[32, 64], lr_wd=['preset', 'official'], K=[2, 4]),
+        overrides=dict(train_tokens=4096, warmup_steps=2),
+        variants=(AT_RISK, 'perloop-raw'),
+        measure_tokens=2048,
+        radial_tokens=512,
+        publish=False,
+    ),
+    'cpu': Grid(
+        'cpu',
+        dict(budget=[0.25, 0.5, 1, 2], width=[64, 128], lr_wd=list(RECIPES), K=[2, 4, 8]),
+        overrides=dict(train_tokens=614400),
+    ),
 }
 
-REFERENCE = ('cpu', 3600.0)   # measured: the `cpu` preset trains at ~3,600 tokens/s on this machine's 2 cores
+REFERENCE = ('cpu', 3600.0)  # measured: the `cpu` preset trains at ~3,600 tokens/s on this machine's 2 cores
+
 
 def train_flops(cfg: ExperimentConfig) -> float:
     "Training FLOPs of a whole run: its tokens times `train_flops_per_token`."
-    return cfg.steps*cfg.batch_size*cfg.seq_len*train_flops_per_token(LoopedLMConfig.from_experiment(cfg), cfg.seq_len, cfg.loss)
+    return (
+        cfg.steps
+        * cfg.batch_size
+        * cfg.seq_len
+        * train_flops_per_token(LoopedLMConfig.from_experiment(cfg), cfg.seq_len, cfg.loss)
+    )
+
 
 def estimate_seconds(cfgs: list, reference: tuple = REFERENCE) -> float:
     "Training seconds of the runs `cfgs`, from their FLOPs at the reference preset's measured FLOP rate (tokens/s x FLOPs/token)."
     ref = load_preset(reference[0])
-    rate = reference[1]*train_flops_per_token(LoopedLMConfig.from_experiment(ref), ref.seq_len, ref.loss)
-    return sum(train_flops(c) for c in cfgs)/rate
+    rate = reference[1] * train_flops_per_token(LoopedLMConfig.from_experiment(ref), ref.seq_len, ref.loss)
+    return sum(train_flops(c) for c in cfgs) / rate
 
 # %% ../nbs/07_scaling.ipynb #f65eef56
 @dataclass(frozen=True)
 class Job:
     "One run of the study: a point, a variant and a seed, with its whole training config and run directory."
+
     point: Point
     variant: str
     seed: int
@@ -162,29 +239,36 @@ class Job:
     run_dir: Path
 
     @property
-    def label(self) -> str: return f"{self.point.name} {self.variant} seed {self.seed}"
+    def label(self) -> str:
+        return f"{self.point.name} {self.variant} seed {self.seed}"
+
 
 @dataclass
 class Plan:
     "A validated scaling study: what to train and where everything goes. Nothing is created on disk until it runs."
+
     grid: str
     spec: Grid
-    base: ExperimentConfig      # the centre's config (before the variant's options)
+    base: ExperimentConfig  # the centre's config (before the variant's options)
     points: list
     jobs: list
     out_dir: Path
     fig_dir: Path
     device: str
 
+
 def scaling_run_dir(out_dir, point: str, variant: str, seed: int) -> Path:
     "The run directory of (point, variant, seed) in a study folder."
-    return Path(out_dir)/'runs'/f"{point}-{variant}-seed{seed}"
+    return Path(out_dir) / 'runs' / f"{point}-{variant}-seed{seed}"
+
 
 def _grid(grid) -> tuple:
-    if isinstance(grid, Grid): return 'custom', grid
+    if isinstance(grid, Grid):
+        return 'custom', grid
     if not isinstance(grid, str) or grid not in GRIDS:
         raise ConfigError(f"Unknown grid {grid!r}; choose one of {', '.join(GRIDS)} (or pass a Grid).")
     return grid, GRIDS[grid]
+
 
 def _check_tokens(spec: Grid, base: ExperimentConfig):
     for k in ('measure_tokens', 'radial_tokens'):
@@ -192,132 +276,220 @@ def _check_tokens(spec: Grid, base: ExperimentConfig):
         if isinstance(v, bool) or not isinstance(v, int) or v < base.seq_len:
             raise ConfigError(f"{k} = {v!r}: give an integer of at least one window (seq_len = {base.seq_len}).")
     if spec.radial_tokens > spec.measure_tokens:
-        raise ConfigError(f"radial_tokens ({spec.radial_tokens}) must be <= measure_tokens ({spec.measure_tokens}); lower it.")
+        raise ConfigError(
+            f"radial_tokens ({spec.radial_tokens}) must be <= measure_tokens ({spec.measure_tokens}); lower it."
+        )
+
 
 def check_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, device: str = 'auto') -> Plan:
     "Every run of the study (point x variant x seed) with its config, and every path, checked before any folder is created."
     name, spec = _grid(grid)
     base = load_preset(preset or spec.preset, **spec.overrides)
-    if device not in ('auto', 'cpu', 'cuda'): raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}.")
-    if device != 'auto': base = base.replace(device=device)
+    if device not in ('auto', 'cpu', 'cuda'):
+        raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}.")
+    if device != 'auto':
+        base = base.replace(device=device)
     dev = str(resolve_device(base))
     variants = check_variants(spec.variants)
     if AT_RISK not in variants:
-        raise ConfigError(f"variants {variants} lack the at-risk {AT_RISK}, against which every ratio is taken; add it.")
+        raise ConfigError(
+            f"variants {variants} lack the at-risk {AT_RISK}, against which every ratio is taken; add it."
+        )
     seeds = check_seeds(spec.seeds, []) if spec.seeds is not None else [base.seed]
-    spec = dataclasses.replace(spec, variants=tuple(variants), seeds=tuple(seeds))   # the checked lists, for every reader
+    spec = dataclasses.replace(
+        spec, variants=tuple(variants), seeds=tuple(seeds)
+    )  # the checked lists, for every reader
     _check_tokens(spec, base)
     points = scaling_points(base, spec.axes)
     if name == 'custom' and out_dir in (None, ''):
-        raise ConfigError("A custom Grid needs its own out_dir (two custom grids would share results/scaling-custom); pass out_dir.")
+        raise ConfigError(
+            "A custom Grid needs its own out_dir (two custom grids would share results/scaling-custom); pass out_dir."
+        )
     preset = preset or None
     key = name if preset in (None, spec.preset) else f"{name}-{preset}"
-    out = Path(out_dir) if out_dir not in (None, '') else repo_root()/'results'/f'scaling-{key}'
+    out = Path(out_dir) if out_dir not in (None, '') else repo_root() / 'results' / f'scaling-{key}'
     published = spec.publish and out_dir in (None, '')
-    fig = Path(fig_dir) if fig_dir else (repo_root()/'figures'/f'scaling-{key}' if published else out/'figures')
-    check_folder(out, 'out_dir'); check_folder(fig, 'fig_dir')
-    jobs = [Job(p, v, s, VARIANTS[v].config(p.config(base)).replace(seed=s), scaling_run_dir(out, p.name, v, s))
-            for p in points for v in variants for s in seeds]
+    fig = Path(fig_dir) if fig_dir else (repo_root() / 'figures' / f'scaling-{key}' if published else out / 'figures')
+    check_folder(out, 'out_dir')
+    check_folder(fig, 'fig_dir')
+    jobs = [
+        Job(p, v, s, VARIANTS[v].config(p.config(base)).replace(seed=s), scaling_run_dir(out, p.name, v, s))
+        for p in points
+        for v in variants
+        for s in seeds
+    ]
     return Plan(name, spec, base, points, jobs, out, fig, dev)
 
 # %% ../nbs/07_scaling.ipynb #9f537863
-SCALING_VERSION = 1   # bump whenever the measurement changes: every cached scaling.json of another version is measured again
+SCALING_VERSION = (
+    1  # bump whenever the measurement changes: every cached scaling.json of another version is measured again
+)
+
 
 def _ids(data) -> tuple:
     "(validation token ids, fingerprint) of a `TokenData` (or of plain validation ids)."
-    if hasattr(data, 'validation'): return np.asarray(data.validation), data.fingerprint
+    if hasattr(data, 'validation'):
+        return np.asarray(data.validation), data.fingerprint
     ids = np.asarray(data).reshape(-1)
     import hashlib
+
     return ids, 'ids:' + hashlib.sha256(ids.astype(np.int64).tobytes()).hexdigest()[:16]
+
 
 def measure_key(run_dir, data, tokens: int, radial_tokens: int) -> dict | None:
     "What a measurement of the run's newest checkpoint is keyed by (None when the run has no checkpoint)."
     ck = latest_checkpoint(run_dir)
-    if ck is None: return None
-    return dict(version=SCALING_VERSION, diag_version=DIAG_VERSION, checkpoint=checkpoint_id(ck), tokens=tokens,
-                radial_tokens=radial_tokens, data=_ids(data)[1])
+    if ck is None:
+        return None
+    return dict(
+        version=SCALING_VERSION,
+        diag_version=DIAG_VERSION,
+        checkpoint=checkpoint_id(ck),
+        tokens=tokens,
+        radial_tokens=radial_tokens,
+        data=_ids(data)[1],
+    )
+
 
 def read_measure(run_dir, key: dict) -> dict | None:
     "The cached `scaling.json` of `run_dir` if it was written for `key`; None when missing, damaged or of another key."
-    try: m = json.loads((Path(run_dir)/'scaling.json').read_text())
-    except (OSError, ValueError): return None
+    try:
+        m = json.loads((Path(run_dir) / 'scaling.json').read_text())
+    except (OSError, ValueError):
+        return None
     return m if matches_key(m, key) else None
+
 
 def measure_run(run_dir, data, tokens: int = 16384, radial_tokens: int = 4096, device: str = 'cpu') -> dict:
     "Exits, per-loop norms and float64 radial fractions of a run's newest checkpoint on the first validation tokens (cached)."
     run_dir = Path(run_dir)
     key = measure_key(run_dir, data, tokens, radial_tokens)
-    if key is None: raise RunDirError(f"{run_dir} has no checkpoint to measure; train it first.")
-    if (m := read_measure(run_dir, key)) is not None: return m
+    if key is None:
+        raise RunDirError(f"{run_dir} has no checkpoint to measure; train it first.")
+    if (m := read_measure(run_dir, key)) is not None:
+        return m
     t0 = time.time()
     cfg, model = load_run(run_dir, device)
-    ids = _ids(data)[0][:tokens + 1]                 # `tokens` scored targets in consecutive windows
+    ids = _ids(data)[0][: tokens + 1]  # `tokens` scored targets in consecutive windows
     spec, kw = as_spec(model), dict(batch_size=cfg.batch_size, seq_len=cfg.seq_len, device=device)
     norms = token_norms(spec, ids, **kw)
-    m = dict(key, exits=eval_exits(spec, ids, ce_chunk=cfg.ce_chunk, **kw),
-             norms=[dict(k=k, **norm_stats(n)) for k, n in enumerate(norms, 1)],
-             radial=radial_fractions(model, ids[:radial_tokens + 1], max_batches=None, loss=cfg.loss,
-                                     norm_penalty=cfg.norm_penalty, ce_chunk=cfg.ce_chunk, **kw))
+    m = dict(
+        key,
+        exits=eval_exits(spec, ids, ce_chunk=cfg.ce_chunk, **kw),
+        norms=[dict(k=k, **norm_stats(n)) for k, n in enumerate(norms, 1)],
+        radial=radial_fractions(
+            model,
+            ids[: radial_tokens + 1],
+            max_batches=None,
+            loss=cfg.loss,
+            norm_penalty=cfg.norm_penalty,
+            ce_chunk=cfg.ce_chunk,
+            **kw,
+        ),
+    )
     m['seconds'] = time.time() - t0
-    write_atomic(run_dir/'scaling.json', json.dumps(m))
+    write_atomic(run_dir / 'scaling.json', json.dumps(m))
     return m
 
 # %% ../nbs/07_scaling.ipynb #fca8679f
 def _add_train_seconds(run_dir: Path, seconds: float):
-    p = run_dir/'scaling-time.json'
-    try: t = json.loads(p.read_text())
-    except (OSError, ValueError): t = {}
+    p = run_dir / 'scaling-time.json'
+    try:
+        t = json.loads(p.read_text())
+    except (OSError, ValueError):
+        t = {}
     write_atomic(p, json.dumps(dict(train_s=t.get('train_s', 0.0) + seconds, calls=t.get('calls', 0) + 1)))
+
 
 def train_seconds(run_dir) -> float:
     "Seconds of training calls that advanced this run, as `run_scaling` recorded them (nan when none was recorded)."
-    try: return float(json.loads((Path(run_dir)/'scaling-time.json').read_text())['train_s'])
-    except (OSError, ValueError, KeyError, TypeError): return float('nan')
+    try:
+        return float(json.loads((Path(run_dir) / 'scaling-time.json').read_text())['train_s'])
+    except (OSError, ValueError, KeyError, TypeError):
+        return float('nan')
+
 
 def train_job(job: Job, data, progress: bool = True) -> str:
     "Train (or resume, or skip) one run; its final state ('done', 'failed', 'running'), the seconds it took recorded."
     before, t0 = run_status(job.run_dir).get('step', 0), time.time()
-    try: train(job.cfg, job.run_dir, data=data, progress=progress, label=job.label)
+    try:
+        train(job.cfg, job.run_dir, data=data, progress=progress, label=job.label)
     except TrainingError as e:
-        if progress: print(f"{job.label}: FAILED: {e}", flush=True)
+        if progress:
+            print(f"{job.label}: FAILED: {e}", flush=True)
     finally:
-        if run_status(job.run_dir).get('step', 0) > before: _add_train_seconds(job.run_dir, time.time() - t0)
+        if run_status(job.run_dir).get('step', 0) > before:
+            _add_train_seconds(job.run_dir, time.time() - t0)
     return run_status(job.run_dir).get('state', 'missing')
 
 # %% ../nbs/07_scaling.ipynb #0e151480
 def measure_columns(m: dict) -> dict:
     "The table's columns of one measurement: final-loop norm, radial fraction, PPL at every exit, gain."
     ex, last, rad = m['exits'], m['norms'][-1], m['radial'][-1]
-    return {'norm': last['mean'], 'norm median': last['median'], 'norm p99': last['p99'],
-            'radial': rad['readout'], 'radial predicted': rad.get('predicted'),
-            **{f"ppl@{e['k']}": e['ppl'] for e in ex}, 'ppl@K': ex[-1]['ppl'],
-            'gain': math.log(ex[0]['ppl']) - math.log(ex[-1]['ppl']), 'measure_s': m.get('seconds')}
+    return {
+        'norm': last['mean'],
+        'norm median': last['median'],
+        'norm p99': last['p99'],
+        'radial': rad['readout'],
+        'radial predicted': rad.get('predicted'),
+        **{f"ppl@{e['k']}": e['ppl'] for e in ex},
+        'ppl@K': ex[-1]['ppl'],
+        'gain': math.log(ex[0]['ppl']) - math.log(ex[-1]['ppl']),
+        'measure_s': m.get('seconds'),
+    }
+
 
 def job_row(job: Job, plan: Plan, data, measure: bool = True) -> dict:
     "One row of the table: what the run is, its status and (when it finished, and `measure`) its measurement."
     cfg, st = job.cfg, run_status(job.run_dir)
-    row = dict(point=job.point.name, axis=job.point.axis, value=job.point.value, variant=job.variant, seed=job.seed,
-               status=st.get('state', 'missing'), tokens=cfg.steps*cfg.batch_size*cfg.seq_len, d_model=cfg.d_model, K=cfg.K,
-               recipe=job.point.value if job.point.axis == 'lr_wd' else 'preset', lr=cfg.lr, weight_decay=cfg.weight_decay,
-               params=num_params(LoopedLM(LoopedLMConfig.from_experiment(cfg))), train_s=train_seconds(job.run_dir))
+    row = dict(
+        point=job.point.name,
+        axis=job.point.axis,
+        value=job.point.value,
+        variant=job.variant,
+        seed=job.seed,
+        status=st.get('state', 'missing'),
+        tokens=cfg.steps * cfg.batch_size * cfg.seq_len,
+        d_model=cfg.d_model,
+        K=cfg.K,
+        recipe=job.point.value if job.point.axis == 'lr_wd' else 'preset',
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        params=num_params(LoopedLM(LoopedLMConfig.from_experiment(cfg))),
+        train_s=train_seconds(job.run_dir),
+    )
     if row['status'] == 'done' and measure:
-        row.update(measure_columns(measure_run(job.run_dir, data, plan.spec.measure_tokens, plan.spec.radial_tokens, plan.device)))
+        row.update(
+            measure_columns(
+                measure_run(job.run_dir, data, plan.spec.measure_tokens, plan.spec.radial_tokens, plan.device)
+            )
+        )
     return row
+
 
 def add_c6(df: pd.DataFrame) -> pd.DataFrame:
     "Column `c6`: max over matched exits of the row's PPL@k / the at-risk run's PPL@k at the same point and seed."
     ks = sorted(int(c[4:]) for c in df.columns if c.startswith('ppl@') and c[4:].isdigit())
     ref = df[df.variant == AT_RISK].set_index(['point', 'seed'])
+
     def c6(r):
-        if r.variant == AT_RISK or (r.point, r.seed) not in ref.index: return float('nan')
+        if r.variant == AT_RISK or (r.point, r.seed) not in ref.index:
+            return float('nan')
         a = ref.loc[(r.point, r.seed)]
-        ratios = [r[f'ppl@{k}']/a[f'ppl@{k}'] for k in ks if k <= r.K and pd.notna(r.get(f'ppl@{k}')) and pd.notna(a.get(f'ppl@{k}'))]
+        ratios = [
+            r[f'ppl@{k}'] / a[f'ppl@{k}']
+            for k in ks
+            if k <= r.K and pd.notna(r.get(f'ppl@{k}')) and pd.notna(a.get(f'ppl@{k}'))
+        ]
         return max(ratios) if len(ratios) == r.K else float('nan')
+
     return df.assign(c6=df.apply(c6, axis=1) if len(df) else [])
+
 
 def scaling_table(plan: Plan, data, measure: bool = True) -> pd.DataFrame:
     "Every point x variant x seed of the plan as one tidy frame (measuring what is finished and not measured yet)."
     return add_c6(pd.DataFrame([job_row(j, plan, data, measure) for j in plan.jobs]))
+
 
 def axis_rows(df: pd.DataFrame, axis: str, plan: Plan) -> pd.DataFrame:
     "The rows of one axis, the centre's included (with the centre's value on that axis), in the axis's order."
@@ -328,71 +500,113 @@ def axis_rows(df: pd.DataFrame, axis: str, plan: Plan) -> pd.DataFrame:
     return rows.assign(_o=rows.value.map(order)).sort_values('_o', kind='stable').drop(columns='_o')
 
 # %% ../nbs/07_scaling.ipynb #cbd305e5
-PAPER_TOKENS = 1_638_400_000                     # the official 4 epochs of WikiText-103 (settings.ini, paper-exact-44m)
+PAPER_TOKENS = 1_638_400_000  # the official 4 epochs of WikiText-103 (settings.ini, paper-exact-44m)
 PAPER_DRIFT = {'44M': 39207.0, '129M': 56051.0}  # the paper's final-loop norms of the at-risk model at that budget
+
 
 def fit_growth(tokens, norms) -> dict:
     "Least squares of ln(norm) on ln(tokens): norm ~ exp(intercept) * tokens**exponent, the exponent's standard error, and `predict`."
     t, y = np.asarray(tokens, dtype=np.float64).ravel(), np.asarray(norms, dtype=np.float64).ravel()
     if t.shape != y.shape or len(np.unique(t)) < 2:
-        raise ValueError(f"fit_growth needs tokens and norms of the same length with at least two distinct budgets; got {len(t)} and {len(y)}.")
+        raise ValueError(
+            f"fit_growth needs tokens and norms of the same length with at least two distinct budgets; got {len(t)} and {len(y)}."
+        )
     if not (np.isfinite(t).all() and np.isfinite(y).all() and (t > 0).all() and (y > 0).all()):
-        raise ValueError("fit_growth needs positive finite tokens and norms (a log-log fit); drop failed or unmeasured runs first.")
+        raise ValueError(
+            "fit_growth needs positive finite tokens and norms (a log-log fit); drop failed or unmeasured runs first."
+        )
     X, ly = np.stack([np.ones_like(t), np.log(t)], 1), np.log(y)
     beta = np.linalg.lstsq(X, ly, rcond=None)[0]
-    resid, dof = ly - X@beta, len(t) - 2
-    cov = (resid@resid/dof if dof > 0 else np.nan)*np.linalg.inv(X.T@X)
-    ss = ((ly - ly.mean())**2).sum()
+    resid, dof = ly - X @ beta, len(t) - 2
+    cov = (resid @ resid / dof if dof > 0 else np.nan) * np.linalg.inv(X.T @ X)
+    ss = ((ly - ly.mean()) ** 2).sum()
+
     def predict(at):
-        x = np.log(np.asarray(at, dtype=np.float64)); mid = beta[0] + beta[1]*x
-        se = np.sqrt(cov[0, 0] + 2*x*cov[0, 1] + x*x*cov[1, 1])
+        x = np.log(np.asarray(at, dtype=np.float64))
+        mid = beta[0] + beta[1] * x
+        se = np.sqrt(cov[0, 0] + 2 * x * cov[0, 1] + x * x * cov[1, 1])
         return np.exp(mid), np.exp(mid - se), np.exp(mid + se)
-    return dict(exponent=float(beta[1]), stderr=float(np.sqrt(cov[1, 1])), intercept=float(beta[0]), n=len(t), dof=dof,
-                r2=float(1 - resid@resid/ss) if ss > 0 else float('nan'), cov=cov.tolist(), predict=predict)
+
+    return dict(
+        exponent=float(beta[1]),
+        stderr=float(np.sqrt(cov[1, 1])),
+        intercept=float(beta[0]),
+        n=len(t),
+        dof=dof,
+        r2=float(1 - resid @ resid / ss) if ss > 0 else float('nan'),
+        cov=cov.tolist(),
+        predict=predict,
+    )
 
 # %% ../nbs/07_scaling.ipynb #850715f5
 def growth_table(df: pd.DataFrame, plan: Plan) -> tuple:
     "({variant: fit}, frame): the drift's power-law fit along the budget axis per variant, and its value at PAPER_TOKENS."
-    if 'budget' not in plan.spec.axes: return {}, pd.DataFrame()
+    if 'budget' not in plan.spec.axes:
+        return {}, pd.DataFrame()
     rows, fits = [], {}
     b = axis_rows(df, 'budget', plan)
     for v in check_variants(list(plan.spec.variants)):
         r = b[(b.variant == v) & (b.status == 'done')] if 'norm' in b else b.iloc[:0]
         r = r[r.norm > 0] if len(r) else r
-        if r.tokens.nunique() < 2: rows.append(dict(variant=v, budgets=r.tokens.nunique())); continue
+        if r.tokens.nunique() < 2:
+            rows.append(dict(variant=v, budgets=r.tokens.nunique()))
+            continue
         f = fits[v] = fit_growth(r.tokens, r.norm)
         mid, lo, hi = f['predict'](PAPER_TOKENS)
-        rows.append({'variant': v, 'budgets': r.tokens.nunique(), 'tokens from': r.tokens.min(), 'tokens to': r.tokens.max(),
-                     'exponent': f['exponent'], 'exponent s.e.': f['stderr'], 'R²': f['r2'],
-                     'norm at paper budget': float(mid), '-1 s.e.': float(lo), '+1 s.e.': float(hi),
-                     **{f'paper {k}': x for k, x in PAPER_DRIFT.items()}})
+        rows.append(
+            {
+                'variant': v,
+                'budgets': r.tokens.nunique(),
+                'tokens from': r.tokens.min(),
+                'tokens to': r.tokens.max(),
+                'exponent': f['exponent'],
+                'exponent s.e.': f['stderr'],
+                'R²': f['r2'],
+                'norm at paper budget': float(mid),
+                '-1 s.e.': float(lo),
+                '+1 s.e.': float(hi),
+                **{f'paper {k}': x for k, x in PAPER_DRIFT.items()},
+            }
+        )
     return fits, pd.DataFrame(rows).set_index('variant')
 
 # %% ../nbs/07_scaling.ipynb #860de330
 def _wall(seconds: float) -> str:
-    if not np.isfinite(seconds): return 'unknown'
+    if not np.isfinite(seconds):
+        return 'unknown'
     s = int(round(seconds))
-    return f"{s//3600} h {s//60 % 60:02d} min" if s >= 3600 else (f"{s//60} min {s % 60:02d} s" if s >= 60 else f"{s} s")
+    return (
+        f"{s // 3600} h {s // 60 % 60:02d} min"
+        if s >= 3600
+        else (f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s")
+    )
+
 
 def wall_seconds(df: pd.DataFrame) -> float:
     "The study's wall time: the recorded training seconds plus the measuring seconds of every run."
     cols = [c for c in ('train_s', 'measure_s') if c in df]
     return float(np.nansum(df[cols].to_numpy(dtype=float))) if cols and len(df) else float('nan')
 
+
 def _title(plan: Plan, df: pd.DataFrame) -> str:
-    return (f"{plan.grid} grid ({plan.base.name} centre, d={plan.base.d_model}, K={plan.base.K}): "
-            f"{(df.status == 'done').sum()}/{len(df)} runs, wall time {_wall(wall_seconds(df))} (training + measuring)")
+    return (
+        f"{plan.grid} grid ({plan.base.name} centre, d={plan.base.d_model}, K={plan.base.K}): "
+        f"{(df.status == 'done').sum()}/{len(df)} runs, wall time {_wall(wall_seconds(df))} (training + measuring)"
+    )
+
 
 def _trajectory(run_dir) -> tuple:
     "(tokens, final-loop mean norm) along a run's training records."
-    cfg = json.loads((Path(run_dir)/'config.json').read_text())
+    cfg = json.loads((Path(run_dir) / 'config.json').read_text())
     recs = read_metrics(run_dir, 'train')
-    return [r['step']*cfg['batch_size']*cfg['seq_len'] for r in recs], [r['norm'][-1]['mean'] for r in recs]
+    return [r['step'] * cfg['batch_size'] * cfg['seq_len'] for r in recs], [r['norm'][-1]['mean'] for r in recs]
+
 
 def fig_drift(df: pd.DataFrame, plan: Plan, fits: dict):
     "(a) final-loop norm vs training tokens, log-log, with the power-law fits; (b) the fits carried to the paper's budget."
     import matplotlib.pyplot as plt, seaborn as sns
     from looped_lm.figures import STYLE, palette
+
     sns.set_theme(**STYLE)
     b = axis_rows(df, 'budget', plan)
     b = b[b.status == 'done']
@@ -400,39 +614,61 @@ def fig_drift(df: pd.DataFrame, plan: Plan, fits: dict):
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     for v in check_variants(list(plan.spec.variants)):
         r = b[b.variant == v]
-        if not len(r): continue
+        if not len(r):
+            continue
         ax.scatter(r.tokens, r.norm, color=pal[v], zorder=3)
         big = r.loc[r.tokens.idxmax()]
         ax.plot(*_trajectory(scaling_run_dir(plan.out_dir, big.point, v, big.seed)), color=pal[v], lw=0.7, alpha=0.5)
-        if v not in fits: continue
+        if v not in fits:
+            continue
         f, tt = fits[v], np.geomspace(r.tokens.min(), r.tokens.max(), 50)
-        ax.plot(tt, f['predict'](tt)[0], color=pal[v], ls='--', label=f"{v}: b = {f['exponent']:.2f} ± {f['stderr']:.2f}")
-        far = np.geomspace(r.tokens.min(), PAPER_TOKENS*1.5, 80); mid, lo, hi = f['predict'](far)
-        ax2.plot(far, mid, color=pal[v], ls='--', label=v); ax2.fill_between(far, lo, hi, color=pal[v], alpha=0.2)
+        ax.plot(
+            tt, f['predict'](tt)[0], color=pal[v], ls='--', label=f"{v}: b = {f['exponent']:.2f} ± {f['stderr']:.2f}"
+        )
+        far = np.geomspace(r.tokens.min(), PAPER_TOKENS * 1.5, 80)
+        mid, lo, hi = f['predict'](far)
+        ax2.plot(far, mid, color=pal[v], ls='--', label=v)
+        ax2.fill_between(far, lo, hi, color=pal[v], alpha=0.2)
         ax2.scatter(r.tokens, r.norm, color=pal[v], s=12)
     for (k, x), m in zip(PAPER_DRIFT.items(), ('*', 'P')):
         ax2.scatter([PAPER_TOKENS], [x], marker=m, s=120, color='k', zorder=4, label=f'paper {k}: {x:,.0f}')
     ax2.axvline(PAPER_TOKENS, color='gray', ls=':', lw=0.8)
-    for a in (ax, ax2): a.set_xscale('log'); a.set_yscale('log'); a.set_xlabel('training tokens')
+    for a in (ax, ax2):
+        a.set_xscale('log')
+        a.set_yscale('log')
+        a.set_xlabel('training tokens')
     ax.set_ylabel(r'final-loop norm $\|H_K\|$ (mean per token)')
-    ax.set_title('(a) measured, with power-law fits', fontsize=9); ax2.set_title('(b) the fits extrapolated (a guess)', fontsize=9)
-    ax.legend(fontsize=7); ax2.legend(fontsize=7, loc='upper left')
-    fig.suptitle(_title(plan, df), fontsize=9); fig.tight_layout()
+    ax.set_title('(a) measured, with power-law fits', fontsize=9)
+    ax2.set_title('(b) the fits extrapolated (a guess)', fontsize=9)
+    ax.legend(fontsize=7)
+    ax2.legend(fontsize=7, loc='upper left')
+    fig.suptitle(_title(plan, df), fontsize=9)
+    fig.tight_layout()
     return fig
 
-def _tokens(t) -> str: return f"{t/1e6:.3g}M" if t >= 1e6 else f"{t/1e3:.3g}k"
 
-MEASURES = [('norm', r'$\|H_K\|$', 'log'), ('radial', 'radial fraction (final readout)', 'log'),
-            ('gain', 'gain exit 1→K (nats)', 'linear'), ('c6', 'C6: PPL / at-risk PPL (max over exits)', 'linear')]
+def _tokens(t) -> str:
+    return f"{t / 1e6:.3g}M" if t >= 1e6 else f"{t / 1e3:.3g}k"
+
+
+MEASURES = [
+    ('norm', r'$\|H_K\|$', 'log'),
+    ('radial', 'radial fraction (final readout)', 'log'),
+    ('gain', 'gain exit 1→K (nats)', 'linear'),
+    ('c6', 'C6: PPL / at-risk PPL (max over exits)', 'linear'),
+]
+
 
 def fig_axes(df: pd.DataFrame, plan: Plan):
     "One column per axis, one row per measure: how each changes along each axis, per variant (seed mean)."
     import matplotlib.pyplot as plt, seaborn as sns
     from looped_lm.figures import STYLE, palette
+
     sns.set_theme(**STYLE)
     from matplotlib.ticker import NullFormatter
+
     axes, pal = list(plan.spec.axes), palette(list(plan.spec.variants))
-    fig, grid = plt.subplots(len(MEASURES), len(axes), figsize=(3.2*len(axes), 2.5*len(MEASURES)), squeeze=False)
+    fig, grid = plt.subplots(len(MEASURES), len(axes), figsize=(3.2 * len(axes), 2.5 * len(MEASURES)), squeeze=False)
     for j, axis in enumerate(axes):
         rows = axis_rows(df[df.status == 'done'], axis, plan)
         xkey = 'tokens' if axis == 'budget' else 'value'
@@ -441,41 +677,56 @@ def fig_axes(df: pd.DataFrame, plan: Plan):
             ax = grid[i][j]
             for v in check_variants(list(plan.spec.variants)):
                 r = rows[rows.variant == v]
-                if col not in r or r[col].isna().all(): continue
+                if col not in r or r[col].isna().all():
+                    continue
                 m = r.groupby(xkey, sort=False)[col].mean()
                 x = [cats.index(k) for k in m.index] if cats else list(m.index)
                 ax.plot(x, m.values, 'o-', color=pal[v], label=v, ms=4)
-            if col == 'c6': ax.axhline(0.99, color='k', ls='--', lw=0.8); ax.axhline(1.0, color='gray', ls=':', lw=0.8)
-            if col == 'gain': ax.axhline(0, color='gray', ls=':', lw=0.8)
+            if col == 'c6':
+                ax.axhline(0.99, color='k', ls='--', lw=0.8)
+                ax.axhline(1.0, color='gray', ls=':', lw=0.8)
+            if col == 'gain':
+                ax.axhline(0, color='gray', ls=':', lw=0.8)
             ax.set_yscale(scale)
             if axis != 'lr_wd':
                 ax.set_xscale('log', base=10 if axis == 'budget' else 2)
                 ticks = sorted(set(rows[xkey]))
                 ax.set_xticks(ticks, [_tokens(x) if axis == 'budget' else str(x) for x in ticks], fontsize=7)
                 ax.xaxis.set_minor_formatter(NullFormatter())
-            if cats: ax.set_xticks(range(len(cats)), cats, rotation=20, fontsize=7)
-            if i == len(MEASURES) - 1: ax.set_xlabel(AXES[axis].label)
-            if j == 0: ax.set_ylabel(label, fontsize=8)
+            if cats:
+                ax.set_xticks(range(len(cats)), cats, rotation=20, fontsize=7)
+            if i == len(MEASURES) - 1:
+                ax.set_xlabel(AXES[axis].label)
+            if j == 0:
+                ax.set_ylabel(label, fontsize=8)
     grid[0][-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1))
-    fig.suptitle(_title(plan, df), fontsize=9); fig.tight_layout()
+    fig.suptitle(_title(plan, df), fontsize=9)
+    fig.tight_layout()
     return fig
 
 # %% ../nbs/07_scaling.ipynb #999d7762
 def _n(x) -> str:
-    if x is None or not np.isfinite(x): return '–'
+    if x is None or not np.isfinite(x):
+        return '–'
     a = abs(x)
     return f"{x:.2e}" if a and (a < 1e-2 or a >= 1e7) else (f"{x:,.0f}" if a >= 100 else f"{x:.3g}")
 
+
 def _verdict(f: dict) -> str:
     b, se = f['exponent'], f['stderr']
-    if not np.isfinite(se): return 'no standard error (fewer than 3 budgets)'
-    if b - 2*se > 0: return 'grows'
-    if b + 2*se < 0: return 'shrinks'
+    if not np.isfinite(se):
+        return 'no standard error (fewer than 3 budgets)'
+    if b - 2 * se > 0:
+        return 'grows'
+    if b + 2 * se < 0:
+        return 'shrinks'
     return 'no trend distinguishable from zero at 2 s.e.'
+
 
 def _span(s: pd.Series) -> str:
     s = s.dropna()
     return '–' if not len(s) else (_n(s.iloc[0]) if len(s) == 1 else f"{_n(s.min())} to {_n(s.max())}")
+
 
 def reading(df: pd.DataFrame, plan: Plan, fits: dict) -> str:
     "The result in sentences with their numbers: growth per variant, the extrapolation (a guess), the claims' margins per point."
@@ -483,44 +734,62 @@ def reading(df: pd.DataFrame, plan: Plan, fits: dict) -> str:
     out = [f"**{_title(plan, df)}.**"]
     if (bad := df[df.status != 'done']).shape[0]:
         out.append(f"Not finished: {', '.join(f'{r.point} {r.variant} ({r.status})' for r in bad.itertuples())}.")
-    if 'norm' not in done or not len(done): return '\n\n'.join(out + ['No run is measured yet.'])
+    if 'norm' not in done or not len(done):
+        return '\n\n'.join(out + ['No run is measured yet.'])
     for v, f in fits.items():
-        out.append(f"- `{v}`: drift exponent b = {f['exponent']:.2f} ± {f['stderr']:.2f} over {f['n']} budgets "
-                   f"(R² {_n(f['r2'])}): {_verdict(f)}.")
+        out.append(
+            f"- `{v}`: drift exponent b = {f['exponent']:.2f} ± {f['stderr']:.2f} over {f['n']} budgets "
+            f"(R² {_n(f['r2'])}): {_verdict(f)}."
+        )
     if AT_RISK in fits:
         mid, lo, hi = fits[AT_RISK]['predict'](PAPER_TOKENS)
         b = axis_rows(done[done.variant == AT_RISK], 'budget', plan)
-        big, n_params = b.tokens.max(), b.params.max()              # the fitted runs' budget and model
-        out.append(f"- Carried to the paper's {PAPER_TOKENS:.4g} tokens, the `{AT_RISK}` fit gives ‖H_K‖ ≈ {_n(mid)} "
-                   f"(±1 s.e. {_n(lo)} to {_n(hi)}), against the paper's {PAPER_DRIFT['44M']:,.0f} (44M) and "
-                   f"{PAPER_DRIFT['129M']:,.0f} (129M). That extrapolates a {n_params/1e6:.2f}M-parameter WikiText-2 "
-                   f"fit by {math.log10(PAPER_TOKENS/big):.1f} orders of magnitude in tokens (and the model by "
-                   f"{math.log10(44e6/n_params):.1f} to {math.log10(129e6/n_params):.1f} in size): a guess, "
-                   "not a prediction of record.")
+        big, n_params = b.tokens.max(), b.params.max()  # the fitted runs' budget and model
+        out.append(
+            f"- Carried to the paper's {PAPER_TOKENS:.4g} tokens, the `{AT_RISK}` fit gives ‖H_K‖ ≈ {_n(mid)} "
+            f"(±1 s.e. {_n(lo)} to {_n(hi)}), against the paper's {PAPER_DRIFT['44M']:,.0f} (44M) and "
+            f"{PAPER_DRIFT['129M']:,.0f} (129M). That extrapolates a {n_params / 1e6:.2f}M-parameter WikiText-2 "
+            f"fit by {math.log10(PAPER_TOKENS / big):.1f} orders of magnitude in tokens (and the model by "
+            f"{math.log10(44e6 / n_params):.1f} to {math.log10(129e6 / n_params):.1f} in size): a guess, "
+            "not a prediction of record."
+        )
     p = done.pivot_table(index='point', columns='variant', values=['norm', 'radial', 'gain', 'c6'], aggfunc='mean')
     pts = [q.name for q in plan.points if q.name in p.index]
     p = p.loc[pts]
     if AT_RISK in p['norm'] and ctl:
-        ratio = p['norm'][AT_RISK]/p['norm'][[v for v in ctl if v in p['norm']]].max(axis=1)
-        out.append(f"- Drift ratio at-risk / largest control (C1 asks ≥ 5): {_span(ratio)}; ≥ 5 at {(ratio >= 5).sum()}/{ratio.notna().sum()} points.")
+        ratio = p['norm'][AT_RISK] / p['norm'][[v for v in ctl if v in p['norm']]].max(axis=1)
+        out.append(
+            f"- Drift ratio at-risk / largest control (C1 asks ≥ 5): {_span(ratio)}; ≥ 5 at {(ratio >= 5).sum()}/{ratio.notna().sum()} points."
+        )
     raw = [v for v in ctl if v in p['radial'] and not VARIANTS[v].final_readout_normalized]
-    out.append(f"- Radial fraction of the at-risk final readout (C2 asks ≤ 1e-4): {_span(p['radial'].get(AT_RISK, pd.Series(dtype=float)))}"
-               + (f"; of the raw readout (C2 asks ≥ 1e-2): {_span(p['radial'][raw].stack())}." if raw else '.'))
-    out.append(f"- Gain exit 1→K in nats: at-risk {_span(p['gain'].get(AT_RISK, pd.Series(dtype=float)))}; "
-               f"controls {_span(p['gain'][[v for v in ctl if v in p['gain']]].stack())}.")
+    out.append(
+        f"- Radial fraction of the at-risk final readout (C2 asks ≤ 1e-4): {_span(p['radial'].get(AT_RISK, pd.Series(dtype=float)))}"
+        + (f"; of the raw readout (C2 asks ≥ 1e-2): {_span(p['radial'][raw].stack())}." if raw else '.')
+    )
+    out.append(
+        f"- Gain exit 1→K in nats: at-risk {_span(p['gain'].get(AT_RISK, pd.Series(dtype=float)))}; "
+        f"controls {_span(p['gain'][[v for v in ctl if v in p['gain']]].stack())}."
+    )
     if 'c6' in p and len(p['c6'].columns):
         c6 = p['c6'].max(axis=1)
-        out.append(f"- C6 (largest control/at-risk PPL ratio over matched exits; the claim asks ≤ 0.99): {_span(c6)}; "
-                   f"≤ 0.99 at {(c6 <= 0.99).sum()}/{c6.notna().sum()} points.")
+        out.append(
+            f"- C6 (largest control/at-risk PPL ratio over matched exits; the claim asks ≤ 0.99): {_span(c6)}; "
+            f"≤ 0.99 at {(c6 <= 0.99).sum()}/{c6.notna().sum()} points."
+        )
     for axis in plan.spec.axes:
         r = axis_rows(done[done.variant == AT_RISK], axis, plan)
-        out.append(f"- At-risk ‖H_K‖ along {axis}: " + ', '.join(f"{v if isinstance(v, str) else _n(v)} → {_n(n)}" for v, n in zip(r.value, r.norm)) + '.')
+        out.append(
+            f"- At-risk ‖H_K‖ along {axis}: "
+            + ', '.join(f"{v if isinstance(v, str) else _n(v)} → {_n(n)}" for v, n in zip(r.value, r.norm))
+            + '.'
+        )
     return '\n'.join(out)
 
 # %% ../nbs/07_scaling.ipynb #5cf14c91
 @dataclass
 class Scaling:
     "A finished (or partly finished) scaling study."
+
     plan: Plan
     table: pd.DataFrame
     fits: dict
@@ -528,50 +797,89 @@ class Scaling:
     reading: str
     figures: list
 
-MD_COLUMNS = ['status', 'tokens', 'd_model', 'K', 'recipe', 'norm', 'radial', 'radial predicted', 'ppl@1', 'ppl@K', 'gain', 'c6']
+
+MD_COLUMNS = [
+    'status',
+    'tokens',
+    'd_model',
+    'K',
+    'recipe',
+    'norm',
+    'radial',
+    'radial predicted',
+    'ppl@1',
+    'ppl@K',
+    'gain',
+    'c6',
+]
+
 
 def write_results(res: Scaling):
     "The table, the fits and the reading into the study folder (CSV with every column, Markdown to read)."
     out, t = res.plan.out_dir, res.table
-    write_atomic(out/'scaling.csv', t.to_csv(index=False))
+    write_atomic(out / 'scaling.csv', t.to_csv(index=False))
     md = t.set_index(['point', 'variant', 'seed'])[[c for c in MD_COLUMNS if c in t]]
-    write_atomic(out/'scaling.md', to_markdown(md))
-    write_atomic(out/'growth.csv', res.growth.to_csv())
-    if len(res.growth): write_atomic(out/'growth.md', to_markdown(res.growth))
-    else: (out/'growth.md').unlink(missing_ok=True)          # never left over from an earlier study of this folder
-    write_atomic(out/'reading.md', res.reading + '\n')
+    write_atomic(out / 'scaling.md', to_markdown(md))
+    write_atomic(out / 'growth.csv', res.growth.to_csv())
+    if len(res.growth):
+        write_atomic(out / 'growth.md', to_markdown(res.growth))
+    else:
+        (out / 'growth.md').unlink(missing_ok=True)  # never left over from an earlier study of this folder
+    write_atomic(out / 'reading.md', res.reading + '\n')
+
 
 def draw(res: Scaling) -> list:
     "The drift and axes figures (PNG and PDF) in the plan's fig_dir; returns the paths written."
     import matplotlib.pyplot as plt
     from looped_lm.figures import save, check_fig_dir
+
     fig_dir, paths = check_fig_dir(res.plan.fig_dir), []
-    for name, make, wanted in (('drift', lambda: fig_drift(res.table, res.plan, res.fits), 'budget' in res.plan.spec.axes),
-                               ('axes', lambda: fig_axes(res.table, res.plan), True)):
+    for name, make, wanted in (
+        ('drift', lambda: fig_drift(res.table, res.plan, res.fits), 'budget' in res.plan.spec.axes),
+        ('axes', lambda: fig_axes(res.table, res.plan), True),
+    ):
         if wanted and 'norm' in res.table:
-            fig = make(); paths += save(fig, fig_dir, name); plt.close(fig)
-        else:                                               # an earlier study's figure is never shown as this one's
-            for ext in ('png', 'pdf'): (Path(fig_dir)/f'{name}.{ext}').unlink(missing_ok=True)
+            fig = make()
+            paths += save(fig, fig_dir, name)
+            plt.close(fig)
+        else:  # an earlier study's figure is never shown as this one's
+            for ext in ('png', 'pdf'):
+                (Path(fig_dir) / f'{name}.{ext}').unlink(missing_ok=True)
     return paths
 
-def run_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, data_dir=None, device: str = 'auto',
-                progress: bool = True, figures: bool = True) -> Scaling:
+
+def run_scaling(
+    grid='tiny',
+    preset: str = None,
+    out_dir=None,
+    fig_dir=None,
+    data_dir=None,
+    device: str = 'auto',
+    progress: bool = True,
+    figures: bool = True,
+) -> Scaling:
     "Train what is missing of the grid, measure every finished run, then write the table, the fits, the reading and the figures."
     plan = check_scaling(grid, preset, out_dir, fig_dir, device)
     data = prepare_data(plan.base, data_dir=data_dir, verbose=progress)
     if progress:
-        print(f"scaling study {plan.grid}: {len(plan.points)} points x {len(plan.spec.variants)} variants = {len(plan.jobs)} runs "
-              f"in {plan.out_dir}; training estimated at {_wall(estimate_seconds([j.cfg for j in plan.jobs]))} on this machine's "
-              "2 cores if none is done", flush=True)
+        print(
+            f"scaling study {plan.grid}: {len(plan.points)} points x {len(plan.spec.variants)} variants = {len(plan.jobs)} runs "
+            f"in {plan.out_dir}; training estimated at {_wall(estimate_seconds([j.cfg for j in plan.jobs]))} on this machine's "
+            "2 cores if none is done",
+            flush=True,
+        )
     for i, job in enumerate(plan.jobs, 1):
         state = train_job(job, data, progress)
-        if state == 'done': measure_run(job.run_dir, data, plan.spec.measure_tokens, plan.spec.radial_tokens, plan.device)
-        if progress: print(f"[{i}/{len(plan.jobs)}] {job.label}: {state}", flush=True)
+        if state == 'done':
+            measure_run(job.run_dir, data, plan.spec.measure_tokens, plan.spec.radial_tokens, plan.device)
+        if progress:
+            print(f"[{i}/{len(plan.jobs)}] {job.label}: {state}", flush=True)
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     with dir_lock(plan.out_dir, what='scaling study', wait=True):
         table = scaling_table(plan, data)
         fits, growth = growth_table(table, plan)
         res = Scaling(plan, table, fits, growth, reading(table, plan, fits), [])
         write_results(res)
-        if figures: res.figures = draw(res)
+        if figures:
+            res.figures = draw(res)
     return res

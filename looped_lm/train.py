@@ -14,7 +14,16 @@ from safetensors.torch import save_model, load_model
 from .config import ExperimentConfig, ConfigError, load_preset, list_presets, parse_values
 from .model import LoopedLM, LoopedLMConfig, train_flops_per_token
 from .lemmas import radial_fraction
-from .data import prepare_data, get_batch, eval_batches, TokenData, write_atomic, window_batch, dir_lock, sweep_stale_tmp
+from looped_lm.data import (
+    prepare_data,
+    get_batch,
+    eval_batches,
+    TokenData,
+    write_atomic,
+    window_batch,
+    dir_lock,
+    sweep_stale_tmp,
+)
 
 # %% auto #0
 __all__ = ['RUN_FILES', 'norm_penalty', 'objective', 'param_groups', 'make_optimizer', 'lr_at', 'train_batch', 'TrainingError',
@@ -28,20 +37,24 @@ __all__ = ['RUN_FILES', 'norm_penalty', 'objective', 'param_groups', 'make_optim
 # %% ../nbs/03_train.ipynb #5cb2a61f
 def norm_penalty(hidden: list) -> torch.Tensor:
     "(1/K) sum_k mean over all elements of H_k^2: the official penalty, the squared RMS of the states averaged over loops."
-    return sum(h.float().pow(2).mean() for h in hidden)/len(hidden)
+    return sum(h.float().pow(2).mean() for h in hidden) / len(hidden)
+
 
 def objective(model, x, y, cfg: ExperimentConfig, all_losses: bool = False):
     "Training objective of a batch and the model's output. `all_losses`: compute every loop's CE even for `terminal`."
-    out = model(x, targets=y, loss_loops='all' if (cfg.loss == 'perloop' or all_losses) else 'last', ce_chunk=cfg.ce_chunk)
+    out = model(
+        x, targets=y, loss_loops='all' if (cfg.loss == 'perloop' or all_losses) else 'last', ce_chunk=cfg.ce_chunk
+    )
     ce = out.losses.mean() if cfg.loss == 'perloop' else out.losses[-1]
-    obj = ce + cfg.norm_penalty*norm_penalty(out.hidden) if cfg.norm_penalty > 0 else ce
+    obj = ce + cfg.norm_penalty * norm_penalty(out.hidden) if cfg.norm_penalty > 0 else ce
     return obj, out
 
 # %% ../nbs/03_train.ipynb #cc8b97b7
 def param_groups(model: nn.Module, cfg: ExperimentConfig) -> list:
     "AdamW parameter groups: decay on matrices, and on embeddings / norm gains only if the preset says so (`decay_all`: one group)."
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if cfg.decay_all: return [dict(params=[p for _, p in params], weight_decay=cfg.weight_decay)]
+    if cfg.decay_all:
+        return [dict(params=[p for _, p in params], weight_decay=cfg.weight_decay)]
     decay, no_decay = [], []
     for name, p in params:
         is_emb, is_norm = 'emb' in name, p.ndim < 2
@@ -49,180 +62,267 @@ def param_groups(model: nn.Module, cfg: ExperimentConfig) -> list:
         (decay if use else no_decay).append(p)
     return [dict(params=decay, weight_decay=cfg.weight_decay), dict(params=no_decay, weight_decay=0.0)]
 
+
 def make_optimizer(model, cfg: ExperimentConfig, device: torch.device):
-    return torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             fused=device.type == 'cuda')
+    return torch.optim.AdamW(
+        param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == 'cuda'
+    )
+
 
 def lr_at(step: int, cfg: ExperimentConfig) -> float:
     "Learning rate for optimiser step `step` (0-based): constant, or linear warmup then cosine to min_lr_ratio*lr."
-    if cfg.schedule == 'constant': return cfg.lr
-    if step < cfg.warmup_steps: return cfg.lr*(step+1)/cfg.warmup_steps
-    prog = (step - cfg.warmup_steps)/max(1, cfg.steps - 1 - cfg.warmup_steps)
-    return cfg.lr*(cfg.min_lr_ratio + (1 - cfg.min_lr_ratio)*0.5*(1 + math.cos(math.pi*min(1.0, prog))))
+    if cfg.schedule == 'constant':
+        return cfg.lr
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    prog = (step - cfg.warmup_steps) / max(1, cfg.steps - 1 - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, prog))))
+
 
 def train_batch(data: TokenData, cfg: ExperimentConfig, gen: torch.Generator, step: int, device):
     "The batch of optimiser step `step`: strided windows when `cfg.stride > 0`, else random windows drawn from `gen`."
-    if cfg.stride > 0: return window_batch(data.train, cfg.batch_size, cfg.seq_len, cfg.stride, cfg.seed, step, device=device)
+    if cfg.stride > 0:
+        return window_batch(data.train, cfg.batch_size, cfg.seq_len, cfg.stride, cfg.seed, step, device=device)
     return get_batch(data.train, cfg.batch_size, cfg.seq_len, gen, device=device)
 
 # %% ../nbs/03_train.ipynb #a541aca1
 class TrainingError(RuntimeError):
     "A run that diverged: the guard stopped it, kept the last finite checkpoint and marked the run `failed`."
 
+
 class RunDirError(RuntimeError):
     "A run directory that cannot be used: not writable, written with another config or other token data, or damaged."
+
 
 def resolve_device(cfg: ExperimentConfig) -> torch.device:
     "The device of a run; `device='cuda'` without a GPU is refused, bf16 and compile on the CPU only warned about."
     has_cuda = torch.cuda.is_available()
     if cfg.device == 'cuda' and not has_cuda:
-        raise ConfigError(f"{cfg.name}: device='cuda' but no GPU is visible. Run on a GPU machine, or override device='cpu' "
-                          "(e.g. `--set device=cpu`) to run this preset on the CPU.")
+        raise ConfigError(
+            f"{cfg.name}: device='cuda' but no GPU is visible. Run on a GPU machine, or override device='cpu' "
+            "(e.g. `--set device=cpu`) to run this preset on the CPU."
+        )
     dev = torch.device('cuda' if (cfg.device == 'cuda' or (cfg.device == 'auto' and has_cuda)) else 'cpu')
     slow = [o for o, on in (("dtype='bfloat16'", cfg.dtype == 'bfloat16'), ('compile=True', cfg.compile)) if on]
     if dev.type == 'cpu' and slow:
-        warnings.warn(f"{cfg.name}: {' and '.join(slow)} on the CPU: the GPU code path runs, but slowly "
-                      "(override dtype='float32', compile=False for speed).", stacklevel=2)
-    if dev.type == 'cuda' and dist.is_initialized(): dev = torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
+        warnings.warn(
+            f"{cfg.name}: {' and '.join(slow)} on the CPU: the GPU code path runs, but slowly "
+            "(override dtype='float32', compile=False for speed).",
+            stacklevel=2,
+        )
+    if dev.type == 'cuda' and dist.is_initialized():
+        dev = torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
     return dev
+
 
 def autocast(cfg: ExperimentConfig, device: torch.device):
     "bf16 autocast on the run's device type when `dtype='bfloat16'` (CUDA or CPU); float32 otherwise."
     return torch.autocast(device.type, dtype=torch.bfloat16) if cfg.dtype == 'bfloat16' else nullcontext()
 
+
 def world() -> tuple:
     "(rank, world_size): (0, 1) unless running under an initialized torch.distributed process group."
     return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+
 
 def init_distributed():
     "Join the process group that `torchrun` describes in the environment (gloo on CPU, nccl on GPU); no-op otherwise."
     if int(os.environ.get('WORLD_SIZE', '1')) > 1 and not dist.is_initialized():
         dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')
-        if torch.cuda.is_available(): torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
     return world()
 
 # %% ../nbs/03_train.ipynb #1fc43f52
 def read_json(path: Path, default=None):
     "The JSON value in `path` (`default` if there is no such file); a damaged file is a `RunDirError` naming it."
     path = Path(path)
-    if not path.exists(): return default
-    try: return json.loads(path.read_text())
+    if not path.exists():
+        return default
+    try:
+        return json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:
-        raise RunDirError(f"{path} is damaged ({type(e).__name__}: {e}). It is not written by the trainer in this state; "
-                          f"delete {path.parent} to start that run over.") from None
+        raise RunDirError(
+            f"{path} is damaged ({type(e).__name__}: {e}). It is not written by the trainer in this state; "
+            f"delete {path.parent} to start that run over."
+        ) from None
+
 
 def set_status(run_dir, state: str, step: int, message: str = ''):
-    write_atomic(Path(run_dir)/'status.json', json.dumps(dict(state=state, step=step, message=message), indent=1))
+    write_atomic(Path(run_dir) / 'status.json', json.dumps(dict(state=state, step=step, message=message), indent=1))
+
 
 def run_status(run_dir) -> dict:
     "The run's status record ({} when it never started)."
-    return read_json(Path(run_dir)/'status.json', {})
+    return read_json(Path(run_dir) / 'status.json', {})
+
 
 def expected_records(cfg: ExperimentConfig, step: int) -> list:
     "(kind, step) of every metrics record a run of `cfg` has written once it completed `step` steps."
     recs = [('train', s) for s in range(1, step + 1) if s % cfg.log_every == 0 or s == cfg.steps]
     return recs + [('eval', cfg.steps)] if step == cfg.steps else recs
 
+
 def _parse_metrics(p: Path, torn_ok: bool) -> list:
     lines, recs = p.read_text().splitlines(), []
     for i, l in enumerate(lines):
-        try: r = json.loads(l); r['kind'], r['step']
+        try:
+            r = json.loads(l)
+            r['kind'], r['step']
         except (ValueError, TypeError, KeyError):
-            if torn_ok and i == len(lines) - 1: break  # an append cut short by a kill: the resumed run writes it again
-            raise RunDirError(f"{p}, line {i+1}, is not a metrics record: the file is damaged. "
-                              f"Delete {p.parent} to train that run again (the same seed gives the same run).") from None
+            if torn_ok and i == len(lines) - 1:
+                break  # an append cut short by a kill: the resumed run writes it again
+            raise RunDirError(
+                f"{p}, line {i + 1}, is not a metrics record: the file is damaged. "
+                f"Delete {p.parent} to train that run again (the same seed gives the same run)."
+            ) from None
         recs.append(r)
     return recs
 
+
 def read_metrics(run_dir, kind: str = None) -> list:
     "The records of `metrics.jsonl`, optionally of one `kind` ('train' or 'eval'); of a finished run, checked complete."
-    p = Path(run_dir)/'metrics.jsonl'
-    if not p.exists(): return []
+    p = Path(run_dir) / 'metrics.jsonl'
+    if not p.exists():
+        return []
     done = run_status(run_dir).get('state') == 'done'
     recs = _parse_metrics(p, torn_ok=True)  # of a finished run, a torn last line shows as a missing record
-    if done and (c := read_json(Path(run_dir)/'config.json')) is not None:
+    if done and (c := read_json(Path(run_dir) / 'config.json')) is not None:
         cfg = ExperimentConfig(**c)
         if (have := [(r['kind'], r['step']) for r in recs]) != (want := expected_records(cfg, cfg.steps)):
-            raise RunDirError(f"{p} is incomplete: the finished run wrote {len(want)} records, the file holds {len(have)} "
-                              f"({_missing(have, want)}); it was truncated or edited. Delete {p.parent} and train it again "
-                              "(the same seed gives the same run).")
+            raise RunDirError(
+                f"{p} is incomplete: the finished run wrote {len(want)} records, the file holds {len(have)} "
+                f"({_missing(have, want)}); it was truncated or edited. Delete {p.parent} and train it again "
+                "(the same seed gives the same run)."
+            )
     return [r for r in recs if kind is None or r['kind'] == kind]
+
 
 def _missing(have, want) -> str:
     gone, extra = [s for s in want if s not in have], [s for s in have if s not in want or have.count(s) > 1]
-    return '; '.join(x for x in (f"missing {gone[:6]}{' ...' if len(gone) > 6 else ''}" if gone else '',
-                                 f"unexpected or repeated {extra[:6]}" if extra else '') if x) or 'out of order'
+    return (
+        '; '.join(
+            x
+            for x in (
+                f"missing {gone[:6]}{' ...' if len(gone) > 6 else ''}" if gone else '',
+                f"unexpected or repeated {extra[:6]}" if extra else '',
+            )
+            if x
+        )
+        or 'out of order'
+    )
+
 
 def append_metrics(run_dir, rec: dict):
     "Append one record to `metrics.jsonl` (made durable with the next checkpoint, see `fsync`)."
-    with open(Path(run_dir)/'metrics.jsonl', 'a') as f: f.write(json.dumps(rec) + '\n')
+    with open(Path(run_dir) / 'metrics.jsonl', 'a') as f:
+        f.write(json.dumps(rec) + '\n')
+
 
 def fsync(*paths):
     "Flush files or folders to the disk, so that what names them next (a rename, `latest`) survives a reboot."
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
-        try: os.fsync(fd)
-        finally: os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 # %% ../nbs/03_train.ipynb #7e0a02aa
 def _rng_state(gen: torch.Generator) -> dict:
     s = dict(torch=torch.get_rng_state(), data=gen.get_state(), python=random.getstate(), numpy=np.random.get_state())
-    if torch.cuda.is_available(): s['cuda'] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available():
+        s['cuda'] = torch.cuda.get_rng_state_all()
     return s
 
+
 def _set_rng_state(s: dict, gen: torch.Generator):
-    torch.set_rng_state(s['torch']); gen.set_state(s['data']); random.setstate(s['python']); np.random.set_state(s['numpy'])
-    if 'cuda' in s and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s['cuda'])
+    torch.set_rng_state(s['torch'])
+    gen.set_state(s['data'])
+    random.setstate(s['python'])
+    np.random.set_state(s['numpy'])
+    if 'cuda' in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s['cuda'])
+
 
 def data_record(data: TokenData) -> dict:
     "What a run records about its token data: corpus, fingerprint (tokenizer + token files) and vocabulary size."
     return dict(corpus=data.corpus, fingerprint=data.fingerprint, vocab_size=data.vocab_size)
 
+
 class CheckpointWriteError(RunDirError, OSError):
     "A checkpoint that could not be written (disk full, quota, I/O error); the previous one is kept."
 
+
 def _write_checkpoint_files(tmp: Path, model, state: dict):
-    f = tmp/'model.safetensors'
+    f = tmp / 'model.safetensors'
     try:
-        save_model(model, str(f)); f = tmp/'state.pt'; torch.save(state, f)
-        fsync(tmp/'model.safetensors', tmp/'state.pt', tmp)
+        save_model(model, str(f))
+        f = tmp / 'state.pt'
+        torch.save(state, f)
+        fsync(tmp / 'model.safetensors', tmp / 'state.pt', tmp)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError from its zip writer
         full = getattr(e, 'errno', None) in (errno.ENOSPC, errno.EDQUOT) or 'unexpected pos' in str(e)
         what = 'the disk is full' if full else f"{type(e).__name__}: {str(e)[:200]}"
-        raise CheckpointWriteError(f"Could not write the checkpoint file {f}: {what}. The previous checkpoint is kept "
-                                   f"and the partial one removed; {'free space on ' + str(tmp.parent) + ' and ' if full else 'fix that and '}"
-                                   "run the same command again: the run resumes from its last checkpoint.") from e
+        raise CheckpointWriteError(
+            f"Could not write the checkpoint file {f}: {what}. The previous checkpoint is kept "
+            f"and the partial one removed; {'free space on ' + str(tmp.parent) + ' and ' if full else 'fix that and '}"
+            "run the same command again: the run resumes from its last checkpoint."
+        ) from e
+
 
 def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, data: dict):
     "Write `ckpt-<step>/` completely and durably, then point `latest` at it, then drop older checkpoints. `data`: the `data_record`."
-    run_dir = Path(run_dir); d = run_dir/f'ckpt-{step:06d}'
-    tmp = run_dir/f'.{d.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp'
+    run_dir = Path(run_dir)
+    d = run_dir / f'ckpt-{step:06d}'
+    tmp = run_dir / f'.{d.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp'
     tmp.mkdir()
     try:
-        _write_checkpoint_files(tmp, model, dict(step=step, optimizer=opt.state_dict(), rng=_rng_state(gen),
-                                vocab_size=data['vocab_size'], data=data, config=read_json(run_dir/'config.json')))
-        shutil.rmtree(d, ignore_errors=True); os.replace(tmp, d)
-    finally: shutil.rmtree(tmp, ignore_errors=True)
-    if (run_dir/'metrics.jsonl').exists(): fsync(run_dir/'metrics.jsonl')
-    fsync(run_dir)                         # the checkpoint's name and the metrics before `latest` points at them
-    write_atomic(run_dir/'latest', d.name)
+        _write_checkpoint_files(
+            tmp,
+            model,
+            dict(
+                step=step,
+                optimizer=opt.state_dict(),
+                rng=_rng_state(gen),
+                vocab_size=data['vocab_size'],
+                data=data,
+                config=read_json(run_dir / 'config.json'),
+            ),
+        )
+        shutil.rmtree(d, ignore_errors=True)
+        os.replace(tmp, d)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if (run_dir / 'metrics.jsonl').exists():
+        fsync(run_dir / 'metrics.jsonl')
+    fsync(run_dir)  # the checkpoint's name and the metrics before `latest` points at them
+    write_atomic(run_dir / 'latest', d.name)
     for old in [*run_dir.glob('ckpt-*'), *run_dir.glob('.ckpt-*.tmp')]:  # under the run's lock: no other writer
-        if old.name != d.name: shutil.rmtree(old, ignore_errors=True)
+        if old.name != d.name:
+            shutil.rmtree(old, ignore_errors=True)
+
 
 def latest_checkpoint(run_dir):
     "The newest checkpoint folder, or None when none was written; a `latest` that names no complete checkpoint is a `RunDirError`."
-    p = Path(run_dir)/'latest'
-    if not p.exists(): return None
+    p = Path(run_dir) / 'latest'
+    if not p.exists():
+        return None
     name = p.read_text().strip()
-    d = Path(run_dir)/name
-    if name.startswith('ckpt-') and (d/'model.safetensors').is_file() and (d/'state.pt').is_file(): return d
-    raise RunDirError(f"{p} names the checkpoint {name!r}, which is missing or incomplete (the trainer never leaves it so: "
-                      f"it was deleted or damaged). Delete {Path(run_dir)} to train that run again from the start.")
+    d = Path(run_dir) / name
+    if name.startswith('ckpt-') and (d / 'model.safetensors').is_file() and (d / 'state.pt').is_file():
+        return d
+    raise RunDirError(
+        f"{p} names the checkpoint {name!r}, which is missing or incomplete (the trainer never leaves it so: "
+        f"it was deleted or damaged). Delete {Path(run_dir)} to train that run again from the start."
+    )
+
 
 def config_diff(old: dict, cfg: ExperimentConfig) -> list:
     "The keys in which a recorded config `old` differs from `cfg`."
     new = cfg.to_dict()
     return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
 
 def _data_mismatch(old: dict, data: TokenData) -> str:
     "'' when `data` is the token data recorded in `old`, else what differs."
@@ -230,14 +330,19 @@ def _data_mismatch(old: dict, data: TokenData) -> str:
     diff = [k for k in ('corpus', 'fingerprint', 'vocab_size') if k in old and old[k] != new[k]]
     return ', '.join(f"{k} {old[k]!r} then, {new[k]!r} now" for k in diff)
 
+
 def _read_state(ckpt_dir: Path) -> dict:
     try:
-        state = torch.load(ckpt_dir/'state.pt', map_location='cpu', weights_only=False)
-        if not isinstance(state, dict) or 'step' not in state: raise ValueError('state.pt holds no trainer state')
+        state = torch.load(ckpt_dir / 'state.pt', map_location='cpu', weights_only=False)
+        if not isinstance(state, dict) or 'step' not in state:
+            raise ValueError('state.pt holds no trainer state')
         return state
     except Exception as e:
-        raise RunDirError(f"Checkpoint {ckpt_dir} is corrupted: its state.pt cannot be read ({type(e).__name__}: {e}). "
-                          f"Delete {ckpt_dir.parent} to train that run again from the start.") from e
+        raise RunDirError(
+            f"Checkpoint {ckpt_dir} is corrupted: its state.pt cannot be read ({type(e).__name__}: {e}). "
+            f"Delete {ckpt_dir.parent} to train that run again from the start."
+        ) from e
+
 
 def load_checkpoint(ckpt_dir, model, opt=None, gen=None, cfg: ExperimentConfig = None, data: TokenData = None) -> int:
     "Restore weights (and optimizer and RNG states when given) from `ckpt_dir`; returns the step. Refuses a mismatch."
@@ -245,55 +350,79 @@ def load_checkpoint(ckpt_dir, model, opt=None, gen=None, cfg: ExperimentConfig =
     fix = f"Delete {ckpt_dir.parent} to train that run again from the start."
     state = _read_state(ckpt_dir)
     if cfg is not None and state.get('config') not in (None, cfg.to_dict()):
-        raise RunDirError(f"Checkpoint {ckpt_dir} was written with another config (differs in {config_diff(state['config'], cfg)}). {fix}")
-    if data is not None and (why := _data_mismatch(state.get('data') or {k: state[k] for k in ('vocab_size',) if k in state}, data)):
-        raise RunDirError(f"Checkpoint {ckpt_dir} was trained on other token data ({why}): the tokenizer or the token "
-                          f"caches changed since. Train on the data it was trained on, or: {fix}")
+        raise RunDirError(
+            f"Checkpoint {ckpt_dir} was written with another config (differs in {config_diff(state['config'], cfg)}). {fix}"
+        )
+    if data is not None and (
+        why := _data_mismatch(state.get('data') or {k: state[k] for k in ('vocab_size',) if k in state}, data)
+    ):
+        raise RunDirError(
+            f"Checkpoint {ckpt_dir} was trained on other token data ({why}): the tokenizer or the token "
+            f"caches changed since. Train on the data it was trained on, or: {fix}"
+        )
     try:
-        load_model(model, str(ckpt_dir/'model.safetensors'), device=str(next(model.parameters()).device))
-        if opt is not None: opt.load_state_dict(state['optimizer'])
-        if gen is not None: _set_rng_state(state['rng'], gen)
+        load_model(model, str(ckpt_dir / 'model.safetensors'), device=str(next(model.parameters()).device))
+        if opt is not None:
+            opt.load_state_dict(state['optimizer'])
+        if gen is not None:
+            _set_rng_state(state['rng'], gen)
     except Exception as e:
-        raise RunDirError(f"Checkpoint {ckpt_dir} is corrupted or does not fit this model ({type(e).__name__}: {str(e)[:300]}). {fix}") from e
+        raise RunDirError(
+            f"Checkpoint {ckpt_dir} is corrupted or does not fit this model ({type(e).__name__}: {str(e)[:300]}). {fix}"
+        ) from e
     return state['step']
+
 
 def restore_config(run_dir) -> dict:
     "Write back a lost `config.json` from the config the newest checkpoint recorded; returns it."
     run_dir = Path(run_dir)
     if (ckpt := latest_checkpoint(run_dir)) is None or not (c := _read_state(ckpt).get('config')):
-        raise RunDirError(f"{run_dir} has no checkpoint that records its config: it cannot be restored. Delete {run_dir} to train it again.")
-    write_atomic(run_dir/'config.json', json.dumps(c, indent=1))
+        raise RunDirError(
+            f"{run_dir} has no checkpoint that records its config: it cannot be restored. Delete {run_dir} to train it again."
+        )
+    write_atomic(run_dir / 'config.json', json.dumps(c, indent=1))
     return c
 
 # %% ../nbs/03_train.ipynb #484c157a
 def norm_stats(h: torch.Tensor) -> dict:
     "mean, p50, p99 and max of the per-token norms of `h`."
     n = h.detach().float().norm(dim=-1).flatten()
-    q = torch.quantile(n[:2**24], torch.tensor([0.5, 0.99], device=n.device))
+    q = torch.quantile(n[: 2**24], torch.tensor([0.5, 0.99], device=n.device))
     return dict(mean=n.mean().item(), p50=q[0].item(), p99=q[1].item(), max=n.max().item())
+
 
 def overflow_margin(hidden: list, dtype: str) -> float:
     "Largest |H| entry and squared norm as a fraction of what the training dtype (and fp32 sums of squares) can hold."
     fmax = torch.finfo(torch.bfloat16 if dtype == 'bfloat16' else torch.float32).max
     amax = max(h.detach().abs().max().item() for h in hidden)
     n2 = max(h.detach().float().pow(2).sum(-1).max().item() for h in hidden)
-    return max(amax/fmax, n2/torch.finfo(torch.float32).max)
+    return max(amax / fmax, n2 / torch.finfo(torch.float32).max)
 
 # %% ../nbs/03_train.ipynb #64acee9b
 @torch.no_grad()
 def evaluate(model, tokens, cfg: ExperimentConfig, device, max_batches: int = None) -> list:
     "Mean CE of each loop's readout on fixed windows of `tokens`."
-    was = model.training; model.eval()
+    was = model.training
+    model.eval()
     tot, n = torch.zeros(cfg.K, device=device), 0
     for x, y in eval_batches(tokens, cfg.batch_size, cfg.seq_len, max_batches or cfg.eval_batches, device=device):
-        with autocast(cfg, device): tot += model(x, targets=y, loss_loops='all', ce_chunk=cfg.ce_chunk).losses.float()
+        with autocast(cfg, device):
+            tot += model(x, targets=y, loss_loops='all', ce_chunk=cfg.ce_chunk).losses.float()
         n += 1
     model.train(was)
-    return (tot/max(n, 1)).tolist()
+    return (tot / max(n, 1)).tolist()
 
 # %% ../nbs/03_train.ipynb #d98a037c
-def train(cfg: ExperimentConfig, run_dir, data: TokenData = None, data_dir=None, cache_dir=None,
-          max_steps: int = None, progress: bool = True, label: str = None) -> RunResult:
+def train(
+    cfg: ExperimentConfig,
+    run_dir,
+    data: TokenData = None,
+    data_dir=None,
+    cache_dir=None,
+    max_steps: int = None,
+    progress: bool = True,
+    label: str = None,
+) -> RunResult:
     "Train a `LoopedLM` as `cfg` says, writing to `run_dir`; resume if interrupted; return at once if already done."
     run_dir = Path(run_dir)
     if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
@@ -301,18 +430,25 @@ def train(cfg: ExperimentConfig, run_dir, data: TokenData = None, data_dir=None,
     rank, world_size = init_distributed()
     device = resolve_device(cfg)
     if cfg.batch_size % world_size:
-        raise ConfigError(f"{cfg.name}: batch_size {cfg.batch_size} does not split over {world_size} ranks; use a multiple of {world_size}.")
-    if data is not None: _check_fits(cfg, data)
-    if rank == 0: _check_writable(run_dir)
+        raise ConfigError(
+            f"{cfg.name}: batch_size {cfg.batch_size} does not split over {world_size} ranks; use a multiple of {world_size}."
+        )
+    if data is not None:
+        _check_fits(cfg, data)
+    if rank == 0:
+        _check_writable(run_dir)
     with run_lock(run_dir, rank):
-        if (result := open_run(cfg, run_dir, data, rank)) is not None: return result
+        if (result := open_run(cfg, run_dir, data, rank)) is not None:
+            return result
         data = data or prepare_data(cfg, data_dir=data_dir, cache_dir=cache_dir, verbose=rank == 0)
         _check_data(run_dir, cfg, data)
         run = start_run(cfg, run_dir, data, device, rank, world_size, max_steps, progress, label)
         while run.step < run.last:
             obj, out, gnorm = train_step(run)
-            if run.is_log_step(run.step): log_step(run, obj, out, gnorm)
-            if run.is_ckpt_step(run.step): checkpoint_step(run)
+            if run.is_log_step(run.step):
+                log_step(run, obj, out, gnorm)
+            if run.is_ckpt_step(run.step):
+                checkpoint_step(run)
             run.progress.tick(run.step)
         return finish(run)
 
@@ -320,109 +456,173 @@ def train(cfg: ExperimentConfig, run_dir, data: TokenData = None, data_dir=None,
 @dataclass
 class RunResult:
     run_dir: Path
-    status: str       # 'done', or 'running' when paused by max_steps (a failed run raises TrainingError instead)
+    status: str  # 'done', or 'running' when paused by max_steps (a failed run raises TrainingError instead)
     steps: int
-    final: dict       # the last train record
-    eval: dict        # the last eval record
+    final: dict  # the last train record
+    eval: dict  # the last eval record
+
 
 RUN_FILES = ('status.json', 'metrics.jsonl', 'data.json', 'latest')  # with `ckpt-*`: what a started run leaves
+
 
 def _check_writable(run_dir: Path):
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir/f'.write-probe.{os.getpid()}'; probe.write_text('ok'); probe.unlink()
+        probe = run_dir / f'.write-probe.{os.getpid()}'
+        probe.write_text('ok')
+        probe.unlink()
     except OSError as e:
-        raise RunDirError(f"Cannot write to the run directory {run_dir} ({e.strerror or e}). Choose a writable out_dir / run directory.") from None
+        raise RunDirError(
+            f"Cannot write to the run directory {run_dir} ({e.strerror or e}). Choose a writable out_dir / run directory."
+        ) from None
+
 
 def _no_config(run_dir: Path) -> str:
     "'' when `run_dir` holds no run, else why a run there without `config.json` cannot be used, and the fixes."
-    left = sorted(p.name for p in run_dir.iterdir() if p.name in RUN_FILES or p.name.startswith('ckpt-')) if run_dir.is_dir() else []
-    if not left: return ''
-    return (f"{run_dir} holds a run ({', '.join(left[:4])}) but its config.json is missing, so whether it was trained with "
-            f"this preset cannot be checked. Delete {run_dir} to train it again, or write the config back from its newest "
-            f"checkpoint with `looped_lm.train.restore_config('{run_dir}')` and run the same command again.")
+    left = (
+        sorted(p.name for p in run_dir.iterdir() if p.name in RUN_FILES or p.name.startswith('ckpt-'))
+        if run_dir.is_dir()
+        else []
+    )
+    if not left:
+        return ''
+    return (
+        f"{run_dir} holds a run ({', '.join(left[:4])}) but its config.json is missing, so whether it was trained with "
+        f"this preset cannot be checked. Delete {run_dir} to train it again, or write the config back from its newest "
+        f"checkpoint with `looped_lm.train.restore_config('{run_dir}')` and run the same command again."
+    )
+
 
 def _config_of(run_dir: Path) -> ExperimentConfig | None:
     "The config a run directory records (None for a folder that holds no run); a run without a valid one is a `RunDirError`."
-    c = read_json(run_dir/'config.json')
+    c = read_json(run_dir / 'config.json')
     if c is None:
-        if why := _no_config(run_dir): raise RunDirError(why)
+        if why := _no_config(run_dir):
+            raise RunDirError(why)
         return None
-    try: return ExperimentConfig(**c)
+    try:
+        return ExperimentConfig(**c)
     except (TypeError, ConfigError) as e:
-        raise RunDirError(f"{run_dir/'config.json'} does not hold a valid config ({e}); delete {run_dir} and train it again.") from None
+        raise RunDirError(
+            f"{run_dir / 'config.json'} does not hold a valid config ({e}); delete {run_dir} and train it again."
+        ) from None
+
 
 def _check_identity(run_dir: Path, cfg: ExperimentConfig):
     old = _config_of(run_dir)
     if old is not None and old.to_dict() != cfg.to_dict():
-        raise RunDirError(f"{run_dir} holds a run with another config (differs in {config_diff(old.to_dict(), cfg)}). "
-                          f"Use a new run directory, or delete {run_dir} to retrain with the new config.")
+        raise RunDirError(
+            f"{run_dir} holds a run with another config (differs in {config_diff(old.to_dict(), cfg)}). "
+            f"Use a new run directory, or delete {run_dir} to retrain with the new config."
+        )
+
 
 def _check_fits(cfg: ExperimentConfig, data: TokenData):
     "Refuse token data that cannot fit the preset."
     if data.corpus and data.corpus != cfg.corpus:
-        raise ConfigError(f"{cfg.name}: the token data is {data.corpus} but the preset trains on {cfg.corpus}; pass data prepared for this preset.")
+        raise ConfigError(
+            f"{cfg.name}: the token data is {data.corpus} but the preset trains on {cfg.corpus}; pass data prepared for this preset."
+        )
     if data.vocab_size > cfg.vocab_size:
-        raise ConfigError(f"{cfg.name}: the tokenizer has {data.vocab_size} tokens but the model only {cfg.vocab_size}; "
-                          "pass data prepared for this preset (prepare_data(cfg)), or raise vocab_size.")
+        raise ConfigError(
+            f"{cfg.name}: the tokenizer has {data.vocab_size} tokens but the model only {cfg.vocab_size}; "
+            "pass data prepared for this preset (prepare_data(cfg)), or raise vocab_size."
+        )
     for split in ('train', 'validation'):
         if len(data.split(split)) < cfg.seq_len + 1:
-            raise ConfigError(f"{cfg.name}: the {split} split has {len(data.split(split))} tokens, too few for windows of seq_len={cfg.seq_len}; "
-                              "lower seq_len or raise max_train_lines.")
+            raise ConfigError(
+                f"{cfg.name}: the {split} split has {len(data.split(split))} tokens, too few for windows of seq_len={cfg.seq_len}; "
+                "lower seq_len or raise max_train_lines."
+            )
+
 
 def _check_data(run_dir: Path, cfg: ExperimentConfig, data: TokenData):
     "Refuse token data that cannot fit the preset, or that differs from what the run in `run_dir` was trained on."
     _check_fits(cfg, data)
-    old = read_json(run_dir/'data.json')
+    old = read_json(run_dir / 'data.json')
     if old is not None and (why := _data_mismatch(old, data)):
-        raise RunDirError(f"{run_dir} was trained on other token data ({why}): the tokenizer or the token caches changed since. "
-                          f"Pass the data it was trained on, or delete {run_dir} to retrain on the new data.")
+        raise RunDirError(
+            f"{run_dir} was trained on other token data ({why}): the tokenizer or the token caches changed since. "
+            f"Pass the data it was trained on, or delete {run_dir} to retrain on the new data."
+        )
+
 
 def _result(run_dir):
     st = run_status(run_dir)
     tr, ev = read_metrics(run_dir, 'train'), read_metrics(run_dir, 'eval')
     return RunResult(Path(run_dir), st.get('state'), st.get('step', 0), tr[-1] if tr else {}, ev[-1] if ev else {})
 
+
 def run_lock(run_dir: Path, rank: int):
     "The run directory's lock, held by rank 0 (the one process that writes it) for the whole training call."
     return dir_lock(run_dir, 'run') if rank == 0 else nullcontext()
 
+
 def open_run(cfg: ExperimentConfig, run_dir: Path, data: TokenData | None, rank: int) -> RunResult | None:
     "Under the lock: refuse a run directory of another run; a failed run's verdict again; a finished run's result; None: train."
-    if rank == 0: _check_identity(run_dir, cfg)
+    if rank == 0:
+        _check_identity(run_dir, cfg)
     st = run_status(run_dir)
     if st.get('state') == 'failed':
-        raise TrainingError(st.get('message') or f"{run_dir} is marked failed; delete it to train the run again.")  # the same verdict
+        raise TrainingError(
+            st.get('message') or f"{run_dir} is marked failed; delete it to train the run again."
+        )  # the same verdict
     if st.get('state') == 'done':
-        if data is not None: _check_data(run_dir, cfg, data)
+        if data is not None:
+            _check_data(run_dir, cfg, data)
         return _result(run_dir)
 
 # %% ../nbs/03_train.ipynb #07597a84
 class Progress:
     "Plain progress lines, for a terminal and a papermill notebook alike: about every 10% of the steps and at least every `every_s` s."
-    def __init__(self, label: str, start: int, last: int, total: int, enabled: bool = True, every_s: float = 30.0):
-        self.label, self.start, self.last, self.total, self.on, self.every_s = label, start, last, total, enabled, every_s
-        self.every, self.t0, self.t_print, self.loss, self.norm = max(1, round(total/10)), time.time(), time.time(), None, None
 
-    def note(self, loss: float, norm: float): self.loss, self.norm = loss, norm
+    def __init__(self, label: str, start: int, last: int, total: int, enabled: bool = True, every_s: float = 30.0):
+        self.label, self.start, self.last, self.total, self.on, self.every_s = (
+            label,
+            start,
+            last,
+            total,
+            enabled,
+            every_s,
+        )
+        self.every, self.t0, self.t_print, self.loss, self.norm = (
+            max(1, round(total / 10)),
+            time.time(),
+            time.time(),
+            None,
+            None,
+        )
+
+    def note(self, loss: float, norm: float):
+        self.loss, self.norm = loss, norm
 
     def tick(self, step: int):
         now = time.time()
-        if not self.on or not (step % self.every == 0 or step == self.last or now - self.t_print >= self.every_s): return
+        if not self.on or not (step % self.every == 0 or step == self.last or now - self.t_print >= self.every_s):
+            return
         el = now - self.t0
-        left = el/(step - self.start)*(self.last - step) if step > self.start else float('nan')
+        left = el / (step - self.start) * (self.last - step) if step > self.start else float('nan')
         f = lambda x, fmt: '-' if x is None else format(x, fmt)
-        print(f"{self.label} | step {step}/{self.total} | loss {f(self.loss, '.4f')} | final-loop norm {f(self.norm, '.4g')} | "
-              f"{_hms(el)} elapsed, {_hms(left)} left", flush=True)
+        print(
+            f"{self.label} | step {step}/{self.total} | loss {f(self.loss, '.4f')} | final-loop norm {f(self.norm, '.4g')} | "
+            f"{_hms(el)} elapsed, {_hms(left)} left",
+            flush=True,
+        )
         self.t_print = now
 
+
 def _hms(s: float) -> str:
-    return '?' if not math.isfinite(s) else f"{int(s)//3600}:{int(s)//60 % 60:02d}:{int(s) % 60:02d}"
+    return '?' if not math.isfinite(s) else f"{int(s) // 3600}:{int(s) // 60 % 60:02d}:{int(s) % 60:02d}"
+
 
 class Guard:
     "The divergence guard's flags, on the device: at the first non-finite step, [loss, grad norm, loop 1..K], and that step."
+
     def __init__(self, K: int, device):
-        self.bad, self.first = torch.zeros(K + 2, dtype=torch.bool, device=device), torch.full((), -1, dtype=torch.long, device=device)
+        self.bad, self.first = (
+            torch.zeros(K + 2, dtype=torch.bool, device=device),
+            torch.full((), -1, dtype=torch.long, device=device),
+        )
 
     def flag(self, step: int, flags: torch.Tensor):
         new = flags.any() & (self.first < 0)  # no host sync: the flags are read at log and checkpoint steps
@@ -431,52 +631,95 @@ class Guard:
     def verdict(self, world_size: int):
         "(first non-finite step, its flags) agreed by every rank, or None while all is finite."
         fb, bd = self.first, self.bad
-        if world_size > 1:  # every rank takes the same decision: the earliest step any rank flagged, and what it flagged
+        if (
+            world_size > 1
+        ):  # every rank takes the same decision: the earliest step any rank flagged, and what it flagged
             big = torch.iinfo(torch.long).max
-            fb = torch.where(fb < 0, big, fb); dist.all_reduce(fb, op=dist.ReduceOp.MIN)
-            bd = bd.to(torch.int32); dist.all_reduce(bd, op=dist.ReduceOp.MAX)
+            fb = torch.where(fb < 0, big, fb)
+            dist.all_reduce(fb, op=dist.ReduceOp.MIN)
+            bd = bd.to(torch.int32)
+            dist.all_reduce(bd, op=dist.ReduceOp.MAX)
             fb = torch.where(fb == big, -1, fb)
         return None if fb.item() < 0 else (int(fb), bd.tolist())
+
 
 @dataclass
 class Run:
     "What one training call works with. `step`: optimiser steps done; `end`: the preset's budget; `last`: where this call stops."
-    cfg: ExperimentConfig; run_dir: Path; data: TokenData; device: torch.device; rank: int; world_size: int
-    model: LoopedLM; net: nn.Module; opt: torch.optim.Optimizer; gen: torch.Generator
-    step: int; end: int; last: int; guard: Guard; progress: Progress
-    lr: float = 0.0; t0: float = field(default_factory=time.time); s0: int = 0
+
+    cfg: ExperimentConfig
+    run_dir: Path
+    data: TokenData
+    device: torch.device
+    rank: int
+    world_size: int
+    model: LoopedLM
+    net: nn.Module
+    opt: torch.optim.Optimizer
+    gen: torch.Generator
+    step: int
+    end: int
+    last: int
+    guard: Guard
+    progress: Progress
+    lr: float = 0.0
+    t0: float = field(default_factory=time.time)
+    s0: int = 0
 
     @property
-    def main(self) -> bool: return self.rank == 0
+    def main(self) -> bool:
+        return self.rank == 0
+
     @property
-    def local(self) -> slice: return slice(self.rank*self.cfg.batch_size//self.world_size, (self.rank+1)*self.cfg.batch_size//self.world_size)
-    def is_log_step(self, s: int) -> bool: return s % self.cfg.log_every == 0 or s == self.end
-    def is_ckpt_step(self, s: int) -> bool: return s % self.cfg.ckpt_every == 0 or s == self.last
+    def local(self) -> slice:
+        return slice(
+            self.rank * self.cfg.batch_size // self.world_size, (self.rank + 1) * self.cfg.batch_size // self.world_size
+        )
+
+    def is_log_step(self, s: int) -> bool:
+        return s % self.cfg.log_every == 0 or s == self.end
+
+    def is_ckpt_step(self, s: int) -> bool:
+        return s % self.cfg.ckpt_every == 0 or s == self.last
+
 
 def _barrier(world_size: int):
-    if world_size > 1: dist.barrier()
+    if world_size > 1:
+        dist.barrier()
+
 
 def check_resume(run_dir: Path, cfg: ExperimentConfig):
     "Make the metrics agree with the newest checkpoint: drop records past it, rebuild a lost tail (from step 0), refuse holes."
-    for t in run_dir.glob('.ckpt-*.tmp'): shutil.rmtree(t, ignore_errors=True)  # under the lock: leftovers of a killed writer
+    for t in run_dir.glob('.ckpt-*.tmp'):
+        shutil.rmtree(t, ignore_errors=True)  # under the lock: leftovers of a killed writer
     sweep_stale_tmp(run_dir)
-    ckpt, p = latest_checkpoint(run_dir), run_dir/'metrics.jsonl'
+    ckpt, p = latest_checkpoint(run_dir), run_dir / 'metrics.jsonl'
     step = int(ckpt.name.split('-')[1]) if ckpt else 0
     recs = [r for r in (_parse_metrics(p, torn_ok=True) if p.exists() else []) if r['step'] <= step]
     have, want = [(r['kind'], r['step']) for r in recs], expected_records(cfg, step)
-    if have != want[:len(have)]:
-        raise RunDirError(f"{p} does not match its checkpoint {ckpt.name} ({_missing(have, want)}): another process wrote "
-                          f"into this run, or the file was edited. Delete {run_dir} to train that run again.")
+    if have != want[: len(have)]:
+        raise RunDirError(
+            f"{p} does not match its checkpoint {ckpt.name} ({_missing(have, want)}): another process wrote "
+            f"into this run, or the file was edited. Delete {run_dir} to train that run again."
+        )
     if len(have) < len(want):
-        warnings.warn(f"{p} lost its records after step {have[-1][1] if have else 0} (up to the checkpoint {ckpt.name}): "
-                      "training that run again from step 0 to rebuild them (deterministic: the same run).")
-        for d in run_dir.glob('ckpt-*'): shutil.rmtree(d)
-        (run_dir/'latest').unlink(); recs = []
+        warnings.warn(
+            f"{p} lost its records after step {have[-1][1] if have else 0} (up to the checkpoint {ckpt.name}): "
+            "training that run again from step 0 to rebuild them (deterministic: the same run)."
+        )
+        for d in run_dir.glob('ckpt-*'):
+            shutil.rmtree(d)
+        (run_dir / 'latest').unlink()
+        recs = []
     write_atomic(p, ''.join(json.dumps(r) + '\n' for r in recs))
 
-def start_run(cfg, run_dir: Path, data: TokenData, device, rank: int, world_size: int, max_steps, progress: bool, label) -> Run:
+
+def start_run(
+    cfg, run_dir: Path, data: TokenData, device, rank: int, world_size: int, max_steps, progress: bool, label
+) -> Run:
     "The model, optimiser and data generator of the run, restored from its newest checkpoint; the run directory records them."
-    if rank == 0: check_resume(run_dir, cfg)
+    if rank == 0:
+        check_resume(run_dir, cfg)
     _barrier(world_size)
     torch.manual_seed(cfg.seed)
     model = LoopedLM(LoopedLMConfig.from_experiment(cfg)).to(device)
@@ -484,29 +727,50 @@ def start_run(cfg, run_dir: Path, data: TokenData, device, rank: int, world_size
     ckpt = latest_checkpoint(run_dir)
     step = load_checkpoint(ckpt, model, opt, gen, cfg, data) if ckpt is not None else 0
     if rank == 0:
-        write_atomic(run_dir/'config.json', json.dumps(cfg.to_dict(), indent=1))
-        write_atomic(run_dir/'data.json', json.dumps(data_record(data), indent=1))
+        write_atomic(run_dir / 'config.json', json.dumps(cfg.to_dict(), indent=1))
+        write_atomic(run_dir / 'data.json', json.dumps(data_record(data), indent=1))
         set_status(run_dir, 'running', step)
-    if cfg.compile: model.loop = torch.compile(model.loop)  # one graph for the shared stack, whatever the exit depth
+    if cfg.compile:
+        model.loop = torch.compile(model.loop)  # one graph for the shared stack, whatever the exit depth
     net = nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
-    end = cfg.steps                   # the schedule, the log steps and the final evaluation follow the preset...
+    end = cfg.steps  # the schedule, the log steps and the final evaluation follow the preset...
     last = min(end, max_steps or end)  # ...max_steps only says where this call pauses (with a checkpoint)
     prog = Progress(label or f"{cfg.name} {run_dir.name}", step, last, end, enabled=progress and rank == 0)
     model.train()
-    return Run(cfg, run_dir, data, device, rank, world_size, model, net, opt, gen, step, end, last, Guard(cfg.K, device), prog, s0=step)
+    return Run(
+        cfg,
+        run_dir,
+        data,
+        device,
+        rank,
+        world_size,
+        model,
+        net,
+        opt,
+        gen,
+        step,
+        end,
+        last,
+        Guard(cfg.K, device),
+        prog,
+        s0=step,
+    )
 
 # %% ../nbs/03_train.ipynb #591602b6
 def train_step(run: Run):
     "One optimiser step on the run's next batch; returns what a log step reads: objective, model output, gradient norm."
     cfg = run.cfg
     run.lr = lr_at(run.step, cfg)
-    for gr in run.opt.param_groups: gr['lr'] = run.lr
+    for gr in run.opt.param_groups:
+        gr['lr'] = run.lr
     x, y = train_batch(run.data, cfg, run.gen, run.step, run.device)
     x, y = x[run.local], y[run.local]
     log = run.is_log_step(run.step + 1)
-    with autocast(cfg, run.device): obj, out = objective(run.net, x, y, cfg, all_losses=log)
+    with autocast(cfg, run.device):
+        obj, out = objective(run.net, x, y, cfg, all_losses=log)
     if log:
-        for h in out.hidden: h.retain_grad()
+        for h in out.hidden:
+            h.retain_grad()
     fwd = [~torch.isfinite(obj)] + [~torch.isfinite(h.detach().float().pow(2).sum(-1)).all() for h in out.hidden]
     run.opt.zero_grad(set_to_none=True)
     obj.backward()
@@ -516,21 +780,33 @@ def train_step(run: Run):
     run.step += 1
     return obj, out, gnorm
 
+
 def check_finite(run: Run):
     "Stop a diverged run: mark it failed with a message naming the run, its options, the step and what went non-finite."
-    if (v := run.guard.verdict(run.world_size)) is None: return
+    if (v := run.guard.verdict(run.world_size)) is None:
+        return
     step, b = v
     cfg, run_dir = run.cfg, run.run_dir
     loops = [k + 1 for k, f in enumerate(b[2:]) if f]
-    where = (f"the hidden state of loop {loops[0]} (of {cfg.K}; an entry, or its squared norm in float32)" if loops
-             else ('the loss' if b[0] else 'the gradient norm'))
+    where = (
+        f"the hidden state of loop {loops[0]} (of {cfg.K}; an entry, or its squared norm in float32)"
+        if loops
+        else ('the loss' if b[0] else 'the gradient norm')
+    )
     ck = latest_checkpoint(run_dir)
-    kept = f"The last finite checkpoint, {ck.name}, is kept in {run_dir}" if ck else f"No checkpoint had been written yet in {run_dir}"
-    msg = (f"Run {run_dir.name} (preset {cfg.name}: loss={cfg.loss}, readout={cfg.readout}, recurrence={cfg.recurrence}, "
-           f"norm_penalty={cfg.norm_penalty}, lr={cfg.lr}, seed={cfg.seed}) diverged: non-finite values in {where} "
-           f"at step {step}. {kept}; the run is marked failed and is not trained again. Lower lr, raise "
-           f"warmup_steps or add a norm penalty and train in a new run directory (or delete {run_dir} to retry).")
-    if run.main: set_status(run_dir, 'failed', step, msg)
+    kept = (
+        f"The last finite checkpoint, {ck.name}, is kept in {run_dir}"
+        if ck
+        else f"No checkpoint had been written yet in {run_dir}"
+    )
+    msg = (
+        f"Run {run_dir.name} (preset {cfg.name}: loss={cfg.loss}, readout={cfg.readout}, recurrence={cfg.recurrence}, "
+        f"norm_penalty={cfg.norm_penalty}, lr={cfg.lr}, seed={cfg.seed}) diverged: non-finite values in {where} "
+        f"at step {step}. {kept}; the run is marked failed and is not trained again. Lower lr, raise "
+        f"warmup_steps or add a norm penalty and train in a new run directory (or delete {run_dir} to retry)."
+    )
+    if run.main:
+        set_status(run_dir, 'failed', step, msg)
     raise TrainingError(msg)
 
 # %% ../nbs/03_train.ipynb #606aa8a5
@@ -539,11 +815,15 @@ def _over_ranks(run: Run, objv, losses, radial, norms, margin):
     K = run.cfg.K
     mean = torch.tensor([objv, *losses, *radial, *[n['mean'] for n in norms]], device=run.device)
     mx = torch.tensor([margin, *[n['max'] for n in norms]], device=run.device)
-    dist.all_reduce(mean); mean /= run.world_size; dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+    dist.all_reduce(mean)
+    mean /= run.world_size
+    dist.all_reduce(mx, op=dist.ReduceOp.MAX)
     mean, mx = mean.tolist(), mx.tolist()
     nl = len(losses)
-    for n, m_, x_ in zip(norms, mean[1+nl+K:], mx[1:]): n.update(mean=m_, max=x_)
-    return mean[0], mean[1:1+nl], mean[1+nl:1+nl+K], norms, mx[0]
+    for n, m_, x_ in zip(norms, mean[1 + nl + K :], mx[1:]):
+        n.update(mean=m_, max=x_)
+    return mean[0], mean[1 : 1 + nl], mean[1 + nl : 1 + nl + K], norms, mx[0]
+
 
 def log_step(run: Run, obj, out, gnorm):
     "Check the guard, then append the step's train record to `metrics.jsonl` and note it for the progress line."
@@ -553,16 +833,30 @@ def log_step(run: Run, obj, out, gnorm):
     norms = [norm_stats(h) for h in out.hidden]
     radial = [radial_fraction(h.grad, h.detach()).item() if h.grad is not None else float('nan') for h in out.hidden]
     objv, margin = obj.item(), overflow_margin(out.hidden, cfg.dtype)
-    if run.world_size > 1: objv, losses, radial, norms, margin = _over_ranks(run, objv, losses, radial, norms, margin)
-    dt, n_tok = time.time() - run.t0, (run.step - run.s0)*cfg.batch_size*cfg.seq_len
+    if run.world_size > 1:
+        objv, losses, radial, norms, margin = _over_ranks(run, objv, losses, radial, norms, margin)
+    dt, n_tok = time.time() - run.t0, (run.step - run.s0) * cfg.batch_size * cfg.seq_len
     flops = train_flops_per_token(run.model.config, cfg.seq_len, cfg.loss)
-    rec = dict(kind='train', step=run.step, lr=run.lr, objective=objv, loss=losses, norm=norms,
-               radial=[None if math.isnan(r) else r for r in radial], grad_norm=gnorm.item(), tokens_per_s=n_tok/dt,
-               mfu=n_tok*flops/dt/(989e12*run.world_size) if run.device.type == 'cuda' else None, overflow_margin=margin)
+    rec = dict(
+        kind='train',
+        step=run.step,
+        lr=run.lr,
+        objective=objv,
+        loss=losses,
+        norm=norms,
+        radial=[None if math.isnan(r) else r for r in radial],
+        grad_norm=gnorm.item(),
+        tokens_per_s=n_tok / dt,
+        mfu=n_tok * flops / dt / (989e12 * run.world_size) if run.device.type == 'cuda' else None,
+        overflow_margin=margin,
+    )
     if margin > 1e-3:
-        warnings.warn(f"Run {run.run_dir.name} ({cfg.name}) step {run.step}: hidden norms reach {margin:.1e} of the "
-                      f"{cfg.dtype} range; they will overflow if the drift continues (add a norm penalty or inter-loop normalization).")
-    if run.main: append_metrics(run.run_dir, rec)
+        warnings.warn(
+            f"Run {run.run_dir.name} ({cfg.name}) step {run.step}: hidden norms reach {margin:.1e} of the "
+            f"{cfg.dtype} range; they will overflow if the drift continues (add a norm penalty or inter-loop normalization)."
+        )
+    if run.main:
+        append_metrics(run.run_dir, rec)
     run.progress.note(losses[-1], norms[-1]['mean'])
     run.t0, run.s0 = time.time(), run.step
     return rec
@@ -578,9 +872,11 @@ def checkpoint_step(run: Run):
         save_checkpoint(run.run_dir, run.model, run.opt, run.step, run.gen, data_record(run.data))
     run.t0, run.s0 = time.time(), run.step  # throughput counts training only
 
+
 def finish(run: Run) -> RunResult:
     "Record where the run stands (`done` or paused `running`) and return its result."
-    if run.main: set_status(run.run_dir, 'done' if run.step == run.end else 'running', run.step)
+    if run.main:
+        set_status(run.run_dir, 'done' if run.step == run.end else 'running', run.step)
     _barrier(run.world_size)
     return _result(run.run_dir)
 
@@ -590,36 +886,59 @@ def parse_sets(preset: str, sets: list) -> dict:
     pairs = {}
     for s in sets or []:
         key, eq, raw = s.partition('=')
-        if not eq or not key.strip(): raise ConfigError(f"--set {s!r}: expected key=value, e.g. --set lr=3e-4.")
-        if key.strip() == 'name': raise ConfigError("--set name: the preset's name is not a setting; choose the preset instead.")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set {s!r}: expected key=value, e.g. --set lr=3e-4.")
+        if key.strip() == 'name':
+            raise ConfigError("--set name: the preset's name is not a setting; choose the preset instead.")
         pairs[key.strip()] = raw.strip()
     return parse_values(preset, pairs, where='--set')
 
+
 def train_cli(argv: list = None):
     "`looped-lm-train PRESET RUN_DIR [--set key=value ...] [--data-dir DIR]`: train a preset, resuming an interrupted run."
-    ap = argparse.ArgumentParser(prog='looped-lm-train', description='Train a preset of settings.ini into a run directory (resumed if interrupted).')
+    ap = argparse.ArgumentParser(
+        prog='looped-lm-train',
+        description='Train a preset of settings.ini into a run directory (resumed if interrupted).',
+    )
     ap.add_argument('preset', help='a section of settings.ini')
     ap.add_argument('run_dir', help='where the run lives (resumed if it exists)')
-    ap.add_argument('--set', dest='sets', action='append', default=[], metavar='KEY=VALUE', help='override a preset key (repeatable)')
-    ap.add_argument('--data-dir', '--data_dir', dest='data_dir', default=None,
-                    help='a local copy of the corpus (default: $LOOPED_LM_DATA, else the Hub)')
+    ap.add_argument(
+        '--set',
+        dest='sets',
+        action='append',
+        default=[],
+        metavar='KEY=VALUE',
+        help='override a preset key (repeatable)',
+    )
+    ap.add_argument(
+        '--data-dir',
+        '--data_dir',
+        dest='data_dir',
+        default=None,
+        help='a local copy of the corpus (default: $LOOPED_LM_DATA, else the Hub)',
+    )
     a = ap.parse_args(argv)
     try:
-        if not a.preset.strip(): raise ConfigError(f"PRESET is empty; choose one of {', '.join(list_presets())}.")
-        if not a.run_dir.strip(): raise ConfigError("RUN_DIR is empty; give the folder the run lives in, e.g. runs/smoke.")
+        if not a.preset.strip():
+            raise ConfigError(f"PRESET is empty; choose one of {', '.join(list_presets())}.")
+        if not a.run_dir.strip():
+            raise ConfigError("RUN_DIR is empty; give the folder the run lives in, e.g. runs/smoke.")
         r = train(load_preset(a.preset, **parse_sets(a.preset, a.sets)), a.run_dir, data_dir=a.data_dir)
     except (ConfigError, RunDirError, TrainingError) as e:
         sys.exit(f"looped-lm-train: {type(e).__name__}: {e}")
-    if world()[0] == 0: print(f"{r.run_dir}: {r.status} at step {r.steps}")
+    if world()[0] == 0:
+        print(f"{r.run_dir}: {r.status} at step {r.steps}")
 
 # %% ../nbs/03_train.ipynb #bdc86163
 def load_run(run_dir, device='cpu') -> tuple:
     "(cfg, model) of a run directory, with the weights of its newest checkpoint, in eval mode."
     run_dir = Path(run_dir)
     cfg = _config_of(run_dir)
-    if cfg is None: raise RunDirError(f"{run_dir} is not a run directory (no config.json, no checkpoint); train into it first.")
+    if cfg is None:
+        raise RunDirError(f"{run_dir} is not a run directory (no config.json, no checkpoint); train into it first.")
     ckpt = latest_checkpoint(run_dir)
-    if ckpt is None: raise RunDirError(f"{run_dir} has no complete checkpoint; rerun `train` on it to finish the run.")
+    if ckpt is None:
+        raise RunDirError(f"{run_dir} has no complete checkpoint; rerun `train` on it to finish the run.")
     model = LoopedLM(LoopedLMConfig.from_experiment(cfg)).to(device)
     load_checkpoint(ckpt, model, cfg=cfg)
     return cfg, model.eval()

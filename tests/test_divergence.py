@@ -5,6 +5,7 @@ the loop; the run is marked failed, the last finite checkpoint stays, nothing is
 and training the failed run again repeats the verdict without training. Hidden norms that approach the float32
 range are reported by a warning while everything is still finite; norms that overflow it stop the run.
 """
+
 import time
 import pytest, torch
 import looped_lm.train as T
@@ -14,16 +15,27 @@ from looped_lm.train import train, TrainingError, read_metrics, run_status, late
 from _util import weights, inject_nan
 
 
-def _finite(rd): return all(torch.isfinite(t).all() for t in weights(rd).values())
+def _finite(rd):
+    return all(torch.isfinite(t).all() for t in weights(rd).values())
 
 
 def test_nan_in_a_hidden_state(tmp_path, smoke_data, monkeypatch):
-    cfg, rd = load_preset('smoke', ckpt_every=5), tmp_path/'perloop-rmsnorm-seed0'
+    cfg, rd = load_preset('smoke', ckpt_every=5), tmp_path / 'perloop-rmsnorm-seed0'
     inject_nan(monkeypatch, step=7, loop=3)
-    with pytest.raises(TrainingError) as e: train(cfg, rd, data=smoke_data, progress=False)
+    with pytest.raises(TrainingError) as e:
+        train(cfg, rd, data=smoke_data, progress=False)
     msg = str(e.value)
-    for part in ('Run perloop-rmsnorm-seed0', 'preset smoke', 'readout=rmsnorm', 'loss=perloop', 'hidden state of loop 3 (of 4',
-                 'at step 7', 'ckpt-000005', 'marked failed', 'Lower lr'):
+    for part in (
+        'Run perloop-rmsnorm-seed0',
+        'preset smoke',
+        'readout=rmsnorm',
+        'loss=perloop',
+        'hidden state of loop 3 (of 4',
+        'at step 7',
+        'ckpt-000005',
+        'marked failed',
+        'Lower lr',
+    ):
         assert part in msg, (part, msg)
     assert run_status(rd) == dict(state='failed', step=7, message=msg)
     # the NaN was detected at the log step 10, before checkpoint 10: only checkpoint 5, finite, and no record past it
@@ -34,7 +46,8 @@ def test_nan_in_a_hidden_state(tmp_path, smoke_data, monkeypatch):
     files = lambda: {p.name: p.stat().st_mtime_ns for p in rd.rglob('*') if p.name != '.lock'}  # the lock is no result
     before = files()
     t = time.time()
-    with pytest.raises(TrainingError) as again: train(cfg, rd, data=smoke_data, progress=False)
+    with pytest.raises(TrainingError) as again:
+        train(cfg, rd, data=smoke_data, progress=False)
     assert str(again.value) == msg and time.time() - t < 2
     assert files() == before
 
@@ -42,8 +55,11 @@ def test_nan_in_a_hidden_state(tmp_path, smoke_data, monkeypatch):
 def test_absurd_learning_rate(tmp_path, smoke_data):
     """lr = 10 from the first step (the largest lr a preset accepts; no monkeypatching): within a few steps the update overflows. The guard also watches the gradient
     norm, so the weights that update produces are never checkpointed: the checkpoint of the step before stays, finite."""
-    rd = tmp_path/'lr10'
-    with pytest.raises(TrainingError, match=r'Run lr10 .*lr=10(\.0)?,.*diverged: non-finite values in (the gradient norm|the loss|the hidden state of loop \d)'):
+    rd = tmp_path / 'lr10'
+    with pytest.raises(
+        TrainingError,
+        match=r'Run lr10 .*lr=10(\.0)?,.*diverged: non-finite values in (the gradient norm|the loss|the hidden state of loop \d)',
+    ):
         train(load_preset('smoke', lr=10, warmup_steps=1, ckpt_every=1), rd, data=smoke_data, progress=False)
     st = run_status(rd)
     assert st['state'] == 'failed' and f"at step {st['step']}." in st['message'] and st['step'] < 10
@@ -53,32 +69,38 @@ def test_absurd_learning_rate(tmp_path, smoke_data):
 def test_non_finite_loss(tmp_path, smoke_data, monkeypatch):
     "A loss that overflows while the hidden states stay finite is named as the loss."
     calls = []
+
     def penalty(hidden):
         calls.append(1)
         return torch.tensor(float('inf') if len(calls) == 3 else 0.0)
+
     monkeypatch.setattr(T, 'norm_penalty', penalty)
     with pytest.raises(TrainingError, match='non-finite values in the loss at step 3'):
-        train(load_preset('smoke', norm_penalty=1e-3), tmp_path/'run', data=smoke_data, progress=False)
+        train(load_preset('smoke', norm_penalty=1e-3), tmp_path / 'run', data=smoke_data, progress=False)
 
 
 def _big_embeddings(monkeypatch, scale):
     "Models whose token embeddings are multiplied by `scale`: hidden norms of about 0.16*scale from the first step."
+
     class Big(LoopedLM):
         def __init__(self, c):
             super().__init__(c)
-            with torch.no_grad(): self.tok_emb.weight.mul_(scale)
+            with torch.no_grad():
+                self.tok_emb.weight.mul_(scale)
+
     monkeypatch.setattr(T, 'LoopedLM', Big)
 
 
 def test_overflow_is_reported_before_it_happens(tmp_path, smoke_data, monkeypatch):
     cfg = load_preset('smoke', tie_weights=False)  # an untied head, so the big embeddings leave the logits sane
-    _big_embeddings(monkeypatch, 1e19)             # squared norms ~1e-2 of the float32 range: close, still finite
-    with pytest.warns(UserWarning, match=r'step 5: hidden norms reach \d\.\de-0[12] of the float32 range; they will overflow'):
-        r = train(cfg, tmp_path/'close', data=smoke_data, max_steps=5, progress=False)
+    _big_embeddings(monkeypatch, 1e19)  # squared norms ~1e-2 of the float32 range: close, still finite
+    with pytest.warns(
+        UserWarning, match=r'step 5: hidden norms reach \d\.\de-0[12] of the float32 range; they will overflow'
+    ):
+        r = train(cfg, tmp_path / 'close', data=smoke_data, max_steps=5, progress=False)
     assert r.status == 'running'  # not stopped: nothing has overflowed yet
-    rec = read_metrics(tmp_path/'close', 'train')[-1]
+    rec = read_metrics(tmp_path / 'close', 'train')[-1]
     assert 1e-3 < rec['overflow_margin'] < 1 and all(map(torch.isfinite, torch.tensor(rec['loss'])))
-    _big_embeddings(monkeypatch, 1e20)             # squared norms beyond float32: RMSNorm would read them as zero
+    _big_embeddings(monkeypatch, 1e20)  # squared norms beyond float32: RMSNorm would read them as zero
     with pytest.raises(TrainingError, match='hidden state of loop 1 .*squared norm in float32.* at step 1'):
-        train(cfg, tmp_path/'over', data=smoke_data, max_steps=5, progress=False)
-
+        train(cfg, tmp_path / 'over', data=smoke_data, max_steps=5, progress=False)

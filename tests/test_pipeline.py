@@ -3,6 +3,7 @@
 One small study on the smoke preset: `perloop-rmsnorm` (trained) and `perloop-raw`, made to diverge by a NaN put
 into its hidden state at step 2. It is a subset, so its records and tables go into its own study folder.
 """
+
 import configparser, hashlib, json
 from pathlib import Path
 import pytest
@@ -18,8 +19,11 @@ KW = dict(max_eval_batches=1, progress=False, figures=False)
 
 def snapshot(root) -> dict:
     "path -> (mtime, sha256) of every file under `root` (but lock files, which say who holds a folder, not what it holds)."
-    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(Path(root).rglob('*')) if p.is_file() and 'lock' not in p.name}
+    return {
+        str(p.relative_to(root)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(Path(root).rglob('*'))
+        if p.is_file() and 'lock' not in p.name
+    }
 
 
 @pytest.fixture(scope='module')
@@ -38,39 +42,44 @@ def test_a_diverged_variant_is_recorded_and_the_study_goes_on(study):
     msg = by['perloop-raw']['message']
     assert 'perloop-raw-seed' in msg and 'hidden state of loop 2' in msg and 'at step 2' in msg, msg
     assert run_status(Path(by['perloop-raw']['run_dir']))['state'] == 'failed'
-    assert '| perloop-raw | failed |' in (sdir/'tables'/'table1.md').read_text()
-    assert '| perloop-rmsnorm | done | 1 |' in (sdir/'tables'/'table1.md').read_text()
-    assert json.loads((sdir/'records.json').read_text())[1]['status'] == 'failed'
-    assert not (out/'records.json').exists()          # a subset never writes over the main study's records
-    assert set(json.loads((sdir/'claims.json').read_text())) == {'C1', 'C2', 'C3', 'C4', 'C5', 'C6'}
+    assert '| perloop-raw | failed |' in (sdir / 'tables' / 'table1.md').read_text()
+    assert '| perloop-rmsnorm | done | 1 |' in (sdir / 'tables' / 'table1.md').read_text()
+    assert json.loads((sdir / 'records.json').read_text())[1]['status'] == 'failed'
+    assert not (out / 'records.json').exists()  # a subset never writes over the main study's records
+    assert set(json.loads((sdir / 'claims.json').read_text())) == {'C1', 'C2', 'C3', 'C4', 'C5', 'C6'}
 
 
 def test_rerun_retrains_and_reevaluates_nothing(study, monkeypatch):
     out, recs, sdir = study
     before = snapshot(out)
-    def forbidden(*a, **k): raise AssertionError('the rerun computed something')
-    monkeypatch.setattr(looped_lm.train, 'get_batch', forbidden)         # no training step
-    monkeypatch.setattr(looped_lm.diagnostics, 'diagnose', forbidden)    # no diagnostic
+
+    def forbidden(*a, **k):
+        raise AssertionError('the rerun computed something')
+
+    monkeypatch.setattr(looped_lm.train, 'get_batch', forbidden)  # no training step
+    monkeypatch.setattr(looped_lm.diagnostics, 'diagnose', forbidden)  # no diagnostic
     again = run_ablation('smoke', VARIANTS, out_dir=out, **KW)  # (no NaN injection now: the failed run is not retried)
     assert again == recs
     after = snapshot(out)
     changed = sorted(k for k in after if after[k][1] != before.get(k, (0, None))[1])
-    assert changed == [] and after.keys() == before.keys(), changed   # identical records and tables, byte for byte
+    assert changed == [] and after.keys() == before.keys(), changed  # identical records and tables, byte for byte
     runs = {k: v for k, v in before.items() if k.startswith('runs')}
-    assert {k: after[k] for k in runs} == runs                          # and no file of a run was even rewritten
+    assert {k: after[k] for k in runs} == runs  # and no file of a run was even rewritten
 
 
 def test_a_changed_config_is_refused(study, tmp_path, monkeypatch):
     "The same study under a settings.ini whose smoke preset has another lr: refused before any work, nothing touched."
     out, _, _ = study
-    p = configparser.ConfigParser(inline_comment_prefixes=('#', ';')); p.optionxform = str
+    p = configparser.ConfigParser(inline_comment_prefixes=('#', ';'))
+    p.optionxform = str
     p.read(settings_path())
-    p['smoke']['lr'] = str(2*float(p['smoke']['lr']))
-    with open(tmp_path/'settings.ini', 'w') as f: p.write(f)
-    monkeypatch.setenv('LOOPED_LM_SETTINGS', str(tmp_path/'settings.ini'))
-    before = snapshot(out/'runs')
+    p['smoke']['lr'] = str(2 * float(p['smoke']['lr']))
+    with open(tmp_path / 'settings.ini', 'w') as f:
+        p.write(f)
+    monkeypatch.setenv('LOOPED_LM_SETTINGS', str(tmp_path / 'settings.ini'))
+    before = snapshot(out / 'runs')
     with pytest.raises(RunDirError, match=r"holds a run with another config \(differs in \['lr'\]\).*delete"):
         run_ablation('smoke', VARIANTS, out_dir=out, **KW)
     with pytest.raises(RunDirError, match='another config'):  # and train() itself, on a finished run
-        train(load_preset('smoke'), out/'runs'/'perloop-rmsnorm-seed0', progress=False)
-    assert snapshot(out/'runs') == before
+        train(load_preset('smoke'), out / 'runs' / 'perloop-rmsnorm-seed0', progress=False)
+    assert snapshot(out / 'runs') == before

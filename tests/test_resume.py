@@ -5,6 +5,7 @@ resumes from its last complete checkpoint when the same command is run again, an
 optimizer state, every metrics record but the timing fields — to a run that was never interrupted. Two runs of
 the same preset and seed are identical; another seed is not.
 """
+
 import os, signal, subprocess, time, warnings
 from pathlib import Path
 import pytest
@@ -20,29 +21,34 @@ STEPS = load_preset('smoke', **OV).steps
 @pytest.fixture(scope='module')
 def reference(tmp_path_factory, smoke_data):
     "An uninterrupted run of the smoke preset, trained by the command line the kill test uses."
-    rd = tmp_path_factory.mktemp('reference')/'run'
+    rd = tmp_path_factory.mktemp('reference') / 'run'
     train_subprocess(rd, **OV)
     assert run_status(rd)['state'] == 'done' and run_status(rd)['step'] == STEPS
     return rd
 
 
-def _ckpt_step(rd): return int(latest_checkpoint(rd).name.split('-')[1])
+def _ckpt_step(rd):
+    return int(latest_checkpoint(rd).name.split('-')[1])
 
 
 def test_sigkill_resume_is_bit_identical(reference, tmp_path):
-    rd = tmp_path/'run'
+    rd = tmp_path / 'run'
     for kill_after in (25, 62):  # two kills: the second one hits an already-resumed run
-        log = open(tmp_path/f'stderr-{kill_after}.txt', 'w')
+        log = open(tmp_path / f'stderr-{kill_after}.txt', 'w')
         p = subprocess.Popen(train_cmd(rd, **OV), stdout=subprocess.DEVNULL, stderr=log, cwd=tmp_path)
         deadline = time.time() + 240
         while True:
-            assert p.poll() is None, f"the run ended (rc={p.returncode}) before the kill: {(tmp_path/f'stderr-{kill_after}.txt').read_text()[-2000:]}"
+            assert p.poll() is None, (
+                f"the run ended (rc={p.returncode}) before the kill: {(tmp_path / f'stderr-{kill_after}.txt').read_text()[-2000:]}"
+            )
             assert time.time() < deadline, 'the run made no progress'
             steps = [r['step'] for r in read_metrics(rd, 'train')]
-            if steps and steps[-1] >= kill_after: break
+            if steps and steps[-1] >= kill_after:
+                break
             time.sleep(0.005)
         os.kill(p.pid, signal.SIGKILL)
-        p.wait(); log.close()
+        p.wait()
+        log.close()
         assert p.returncode == -signal.SIGKILL
         # killed mid-run: past a checkpoint, not finished, status still `running`
         assert run_status(rd)['state'] == 'running'
@@ -50,7 +56,9 @@ def test_sigkill_resume_is_bit_identical(reference, tmp_path):
         assert max(r['step'] for r in read_metrics(rd)) < STEPS
     train_subprocess(rd, **OV)  # the same command again: resumes and finishes
     assert_same_run(rd, reference)
-    assert sorted(p.name for p in rd.iterdir() if 'ckpt' in p.name) == [f'ckpt-{STEPS:06d}']  # no stray checkpoint folders
+    assert sorted(p.name for p in rd.iterdir() if 'ckpt' in p.name) == [
+        f'ckpt-{STEPS:06d}'
+    ]  # no stray checkpoint folders
 
 
 class Killed(BaseException):
@@ -58,24 +66,33 @@ class Killed(BaseException):
 
 
 def test_interrupted_checkpoint_write_keeps_the_previous_one(reference, tmp_path, smoke_data, monkeypatch):
-    cfg, rd = load_preset('smoke', **OV), tmp_path/'run'
+    cfg, rd = load_preset('smoke', **OV), tmp_path / 'run'
     # 1. killed while writing the weights of checkpoint 30: a half-written file in the temporary folder
     real_save = T.save_model
+
     def save_half(model, path):
-        if '000030' in path: Path(path).write_bytes(b'\0'*100); raise Killed()
+        if '000030' in path:
+            Path(path).write_bytes(b'\0' * 100)
+            raise Killed()
         real_save(model, path)
+
     monkeypatch.setattr(T, 'save_model', save_half)
-    with pytest.raises(Killed): train(cfg, rd, data=smoke_data, progress=False)
+    with pytest.raises(Killed):
+        train(cfg, rd, data=smoke_data, progress=False)
     assert latest_checkpoint(rd).name == 'ckpt-000020'
     monkeypatch.setattr(T, 'save_model', real_save)
     # 2. killed after checkpoint 50 is complete but before `latest` names it
     real_write = T.write_atomic
+
     def write_no_latest(path, text):
-        if Path(path).name == 'latest' and text == 'ckpt-000050': raise Killed()
+        if Path(path).name == 'latest' and text == 'ckpt-000050':
+            raise Killed()
         real_write(path, text)
+
     monkeypatch.setattr(T, 'write_atomic', write_no_latest)
-    with pytest.raises(Killed): train(cfg, rd, data=smoke_data, progress=False)
-    assert latest_checkpoint(rd).name == 'ckpt-000040' and (rd/'ckpt-000050'/'state.pt').exists()
+    with pytest.raises(Killed):
+        train(cfg, rd, data=smoke_data, progress=False)
+    assert latest_checkpoint(rd).name == 'ckpt-000040' and (rd / 'ckpt-000050' / 'state.pt').exists()
     monkeypatch.setattr(T, 'write_atomic', real_write)
     # 3. the same call again finishes, exactly as the uninterrupted run
     res = train(cfg, rd, data=smoke_data, progress=False)
@@ -84,7 +101,7 @@ def test_interrupted_checkpoint_write_keeps_the_previous_one(reference, tmp_path
 
 
 def test_pause_with_max_steps_and_resume(reference, tmp_path, smoke_data):
-    cfg, rd = load_preset('smoke', **OV), tmp_path/'run'
+    cfg, rd = load_preset('smoke', **OV), tmp_path / 'run'
     r = train(cfg, rd, data=smoke_data, max_steps=37, progress=False)
     assert (r.status, r.steps, latest_checkpoint(rd).name) == ('running', 37, 'ckpt-000037')
     assert not read_metrics(rd, 'eval')  # the final evaluation belongs to the end of the budget, not to a pause
@@ -97,10 +114,10 @@ def test_same_seed_same_run_other_seed_differs(reference, tmp_path, smoke_data):
     "Same preset and seed in this process as in the reference's subprocess: identical; seed 1: different."
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter('always')
-        train(load_preset('smoke', **OV), tmp_path/'a', data=smoke_data, progress=False)
+        train(load_preset('smoke', **OV), tmp_path / 'a', data=smoke_data, progress=False)
     assert not [x for x in w if 'hidden norms' in str(x.message)]  # a healthy run: no overflow warning
-    assert_same_run(tmp_path/'a', reference)
-    train(load_preset('smoke', seed=1, **OV), tmp_path/'b', data=smoke_data, max_steps=5, progress=False)
+    assert_same_run(tmp_path / 'a', reference)
+    train(load_preset('smoke', seed=1, **OV), tmp_path / 'b', data=smoke_data, max_steps=5, progress=False)
     first = lambda rd: [r for r in records(rd) if r['kind'] == 'train'][0]
-    assert first(tmp_path/'b')['step'] == first(reference)['step'] == 5
-    assert first(tmp_path/'b')['loss'] != first(reference)['loss']
+    assert first(tmp_path / 'b')['step'] == first(reference)['step'] == 5
+    assert first(tmp_path / 'b')['loss'] != first(reference)['loss']

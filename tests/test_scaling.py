@@ -3,16 +3,36 @@
 A tiny grid trains and measures every run; a rerun trains nothing and measures nothing; an interrupted point is resumed
 by the study; a measurement of another checkpoint is measured again; bad grids fail before any folder exists.
 """
+
 import json, math
 import numpy as np, pandas as pd
 import pytest
 from looped_lm.config import ConfigError, load_preset
 from looped_lm.train import train, run_status, latest_checkpoint
-from looped_lm.scaling import (AT_RISK, GRIDS, PAPER_TOKENS, Grid, check_scaling, estimate_seconds, fit_growth, measure_key, measure_run,
-                               read_measure, run_scaling, scaling_points)
+from looped_lm.scaling import (
+    AT_RISK,
+    GRIDS,
+    PAPER_TOKENS,
+    Grid,
+    check_scaling,
+    estimate_seconds,
+    fit_growth,
+    measure_key,
+    measure_run,
+    read_measure,
+    run_scaling,
+    scaling_points,
+)
 
-SMALL = Grid('smoke', dict(budget=[0.5, 1], K=[2]), overrides=dict(train_tokens=2048, warmup_steps=2), variants=(AT_RISK, 'perloop-raw'),
-             measure_tokens=1024, radial_tokens=256, publish=False)
+SMALL = Grid(
+    'smoke',
+    dict(budget=[0.5, 1], K=[2]),
+    overrides=dict(train_tokens=2048, warmup_steps=2),
+    variants=(AT_RISK, 'perloop-raw'),
+    measure_tokens=1024,
+    radial_tokens=256,
+    publish=False,
+)
 
 
 def stamps(folder) -> dict:
@@ -27,61 +47,90 @@ def test_centre_is_listed_once():
     assert pts[1].config(base).steps == base.steps // 2 and pts[3].config(base).lr == 3e-4
 
 
-@pytest.mark.parametrize('axes, msg', [
-    (dict(depth=[1]), 'Unknown axis'), (dict(budget=[]), 'non-empty list'), (dict(budget=[0]), 'positive number'),
-    (dict(budget=[-0.5]), 'positive number'), (dict(budget=[float('nan')]), 'positive number'), (dict(width=[65]), 'divisible'),
-    (dict(K=[1.5]), 'positive integer'), (dict(lr_wd=['sgd']), 'unknown recipe'), ({}, 'non-empty dict')])
+@pytest.mark.parametrize(
+    'axes, msg',
+    [
+        (dict(depth=[1]), 'Unknown axis'),
+        (dict(budget=[]), 'non-empty list'),
+        (dict(budget=[0]), 'positive number'),
+        (dict(budget=[-0.5]), 'positive number'),
+        (dict(budget=[float('nan')]), 'positive number'),
+        (dict(width=[65]), 'divisible'),
+        (dict(K=[1.5]), 'positive integer'),
+        (dict(lr_wd=['sgd']), 'unknown recipe'),
+        ({}, 'non-empty dict'),
+    ],
+)
 def test_bad_grids_fail_before_anything_exists(tmp_path, axes, msg):
-    with pytest.raises(ConfigError, match=msg): run_scaling(Grid('smoke', axes), out_dir=tmp_path/'out', progress=False)
+    with pytest.raises(ConfigError, match=msg):
+        run_scaling(Grid('smoke', axes), out_dir=tmp_path / 'out', progress=False)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_bad_grid_names_and_variants(tmp_path):
-    with pytest.raises(ConfigError, match='Unknown grid'): run_scaling('enormous', out_dir=tmp_path/'out')
+    with pytest.raises(ConfigError, match='Unknown grid'):
+        run_scaling('enormous', out_dir=tmp_path / 'out')
     with pytest.raises(ConfigError, match='Valid variants'):
-        run_scaling(Grid('smoke', dict(K=[2]), variants=(AT_RISK, 'perloop-batchnorm')), out_dir=tmp_path/'out')
-    with pytest.raises(ConfigError, match='at-risk'): run_scaling(Grid('smoke', dict(K=[2]), variants=('perloop-raw',)), out_dir=tmp_path/'out')
+        run_scaling(Grid('smoke', dict(K=[2]), variants=(AT_RISK, 'perloop-batchnorm')), out_dir=tmp_path / 'out')
+    with pytest.raises(ConfigError, match='at-risk'):
+        run_scaling(Grid('smoke', dict(K=[2]), variants=('perloop-raw',)), out_dir=tmp_path / 'out')
     with pytest.raises(ConfigError, match='radial_tokens'):
-        run_scaling(Grid('smoke', dict(K=[2]), measure_tokens=64, radial_tokens=128), out_dir=tmp_path/'out')
-    with pytest.raises(ConfigError, match='warm-up'):     # smoke: 96 steps, 10 of warm-up; x0.1 would never reach the peak lr
-        run_scaling(Grid('smoke', dict(budget=[0.1])), out_dir=tmp_path/'out')
-    with pytest.raises(ConfigError, match='needs its own out_dir'): run_scaling(Grid('smoke', dict(K=[2])))
+        run_scaling(Grid('smoke', dict(K=[2]), measure_tokens=64, radial_tokens=128), out_dir=tmp_path / 'out')
+    with pytest.raises(
+        ConfigError, match='warm-up'
+    ):  # smoke: 96 steps, 10 of warm-up; x0.1 would never reach the peak lr
+        run_scaling(Grid('smoke', dict(budget=[0.1])), out_dir=tmp_path / 'out')
+    with pytest.raises(ConfigError, match='needs its own out_dir'):
+        run_scaling(Grid('smoke', dict(K=[2])))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_variants_and_seeds_in_every_accepted_form(tmp_path):
-    plan = check_scaling(Grid('smoke', dict(K=[2]), variants=f'{AT_RISK},perloop-raw', seeds=3), out_dir=tmp_path/'out')
+    plan = check_scaling(
+        Grid('smoke', dict(K=[2]), variants=f'{AT_RISK},perloop-raw', seeds=3), out_dir=tmp_path / 'out'
+    )
     assert plan.spec.variants == (AT_RISK, 'perloop-raw') and plan.spec.seeds == (3,)
     assert {(j.variant, j.seed) for j in plan.jobs} == {(v, 3) for v in (AT_RISK, 'perloop-raw')}
 
 
 def test_cpu_grid_fits_the_budget(tmp_path):
-    plan = check_scaling('cpu', out_dir=tmp_path/'out')
+    plan = check_scaling('cpu', out_dir=tmp_path / 'out')
     assert len(plan.points) == 10 and len(plan.jobs) == 40 and len({j.run_dir for j in plan.jobs}) == 40
     assert {j.cfg.readout for j in plan.jobs} == {'rmsnorm', 'raw', 'final_norm'}
     official = [j.cfg for j in plan.jobs if j.point.name == 'lr_wd-official']
-    assert all((c.lr, c.schedule, c.warmup_steps, c.weight_decay, c.decay_all, c.beta2) == (3e-4, 'constant', 0, 0.01, True, 0.999) for c in official)
-    assert estimate_seconds([j.cfg for j in plan.jobs]) < 2.5*3600   # about two hours at the measured cpu-preset speed
-    assert not (tmp_path/'out').exists()
+    assert all(
+        (c.lr, c.schedule, c.warmup_steps, c.weight_decay, c.decay_all, c.beta2)
+        == (3e-4, 'constant', 0, 0.01, True, 0.999)
+        for c in official
+    )
+    assert estimate_seconds([j.cfg for j in plan.jobs]) < 2.5 * 3600  # about two hours at the measured cpu-preset speed
+    assert not (tmp_path / 'out').exists()
 
 
 @pytest.mark.parametrize('b', [0.3, 0.8, 1.7])
 def test_fit_growth_recovers_power_laws(b):
-    t = np.array([1, 2, 4, 8])*1e5
-    f = fit_growth(t, 5.0*t**b)
+    t = np.array([1, 2, 4, 8]) * 1e5
+    f = fit_growth(t, 5.0 * t**b)
     assert abs(f['exponent'] - b) < 1e-10 and f['stderr'] < 1e-8 and abs(math.exp(f['intercept']) - 5.0) < 1e-6
     rng = np.random.default_rng(1)
-    noisy = [fit_growth(t, 5.0*t**b*np.exp(rng.normal(0, 0.2, 4))) for _ in range(2000)]
-    z = np.array([(g['exponent'] - b)/g['stderr'] for g in noisy])
-    for x in (1, 3):                               # t with 2 dof: P(|T| <= x) = x/sqrt(x^2 + 2); binomial sd < 0.012
-        assert abs(np.mean(np.abs(z) <= x) - x/math.sqrt(x*x + 2)) < 0.04, x
+    noisy = [fit_growth(t, 5.0 * t**b * np.exp(rng.normal(0, 0.2, 4))) for _ in range(2000)]
+    z = np.array([(g['exponent'] - b) / g['stderr'] for g in noisy])
+    for x in (1, 3):  # t with 2 dof: P(|T| <= x) = x/sqrt(x^2 + 2); binomial sd < 0.012
+        assert abs(np.mean(np.abs(z) <= x) - x / math.sqrt(x * x + 2)) < 0.04, x
     mid, lo, hi = noisy[0]['predict'](PAPER_TOKENS)
     assert lo < mid < hi
 
 
 def test_fit_growth_refuses_what_it_cannot_fit():
-    for t, y in [([1e5], [1.0]), ([1e5, 1e5], [1.0, 2.0]), ([1e5, 2e5], [1.0, -1.0]), ([0, 2e5], [1.0, 2.0]), ([1e5, 2e5], [1.0])]:
-        with pytest.raises(ValueError): fit_growth(t, y)
+    for t, y in [
+        ([1e5], [1.0]),
+        ([1e5, 1e5], [1.0, 2.0]),
+        ([1e5, 2e5], [1.0, -1.0]),
+        ([0, 2e5], [1.0, 2.0]),
+        ([1e5, 2e5], [1.0]),
+    ]:
+        with pytest.raises(ValueError):
+            fit_growth(t, y)
 
 
 def test_tiny_grid_trains_once_and_reruns_nothing(tmp_path, smoke_data):
@@ -92,31 +141,31 @@ def test_tiny_grid_trains_once_and_reruns_nothing(tmp_path, smoke_data):
     assert (t[t.variant == AT_RISK].radial < 1e-3).all() and (t[t.variant == 'perloop-raw'].radial > 1e-2).all()
     assert set(t[t.point == 'K-2']['ppl@2'].notna()) == {True} and t[t.point == 'K-2']['ppl@3'].isna().all()
     assert sorted(p.name for p in res.figures) == ['axes.pdf', 'axes.png', 'drift.pdf', 'drift.png']
-    assert pd.read_csv(tmp_path/'scaling.csv').shape[0] == 12 and 'a guess' in (tmp_path/'reading.md').read_text()
+    assert pd.read_csv(tmp_path / 'scaling.csv').shape[0] == 12 and 'a guess' in (tmp_path / 'reading.md').read_text()
     before = stamps(tmp_path)
     again = run_scaling('tiny', out_dir=tmp_path, progress=False, figures=False)
-    assert stamps(tmp_path) == before                        # no checkpoint written, no measurement made
+    assert stamps(tmp_path) == before  # no checkpoint written, no measurement made
     cols = [c for c in t.columns if c not in ('train_s', 'measure_s')]
     pd.testing.assert_frame_equal(again.table[cols], t[cols])
-    assert again.table.train_s.equals(t.train_s)             # a rerun adds no training time
+    assert again.table.train_s.equals(t.train_s)  # a rerun adds no training time
 
 
 def test_interrupted_point_resumes_and_stale_measurements_are_redone(tmp_path, smoke_data):
     plan = check_scaling(SMALL, out_dir=tmp_path)
     job = next(j for j in plan.jobs if j.point.name == 'centre' and j.variant == AT_RISK)
-    train(job.cfg, job.run_dir, data=smoke_data, max_steps=1, progress=False)   # interrupted after its first step
+    train(job.cfg, job.run_dir, data=smoke_data, max_steps=1, progress=False)  # interrupted after its first step
     assert run_status(job.run_dir)['state'] == 'running'
     m1 = measure_run(job.run_dir, smoke_data, SMALL.measure_tokens, SMALL.radial_tokens)
     res = run_scaling(SMALL, out_dir=tmp_path, progress=False, figures=False)
     st = run_status(job.run_dir)
     assert st['state'] == 'done' and st['step'] == job.cfg.steps
-    assert set(res.table.status) == {'done'} and len(res.table) == 3*2
-    m2 = json.loads((job.run_dir/'scaling.json').read_text())
+    assert set(res.table.status) == {'done'} and len(res.table) == 3 * 2
+    m2 = json.loads((job.run_dir / 'scaling.json').read_text())
     assert m2['checkpoint'] != m1['checkpoint'] and m2['checkpoint'].startswith(latest_checkpoint(job.run_dir).name)
-    assert m2['norms'][-1]['mean'] != m1['norms'][-1]['mean']   # the finished model was measured, not the 1-step one
+    assert m2['norms'][-1]['mean'] != m1['norms'][-1]['mean']  # the finished model was measured, not the 1-step one
     key = measure_key(job.run_dir, smoke_data, SMALL.measure_tokens, SMALL.radial_tokens)
     assert read_measure(job.run_dir, key) is not None
     assert read_measure(job.run_dir, dict(key, version=key['version'] + 1)) is None
     assert read_measure(job.run_dir, dict(key, tokens=2048)) is None
-    (job.run_dir/'scaling.json').write_text('{"trunc')                          # damaged: measured again, not an error
+    (job.run_dir / 'scaling.json').write_text('{"trunc')  # damaged: measured again, not an error
     assert measure_run(job.run_dir, smoke_data, SMALL.measure_tokens, SMALL.radial_tokens)['exits'] == m2['exits']
