@@ -4,17 +4,19 @@
 
 # %% ../nbs/01_model.ipynb #e45eee98
 from __future__ import annotations
-import json, math
+import json, math, os
 from dataclasses import dataclass, fields, asdict
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
 from huggingface_hub import PyTorchModelHubMixin
-from .config import ExperimentConfig, ConfigError, READOUTS, RECURRENCES, MLPS, INITS
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+from safetensors import SafetensorError
+from .config import ExperimentConfig, ConfigError, validate_values
 
 # %% auto #0
 __all__ = ['MODEL_CARD', 'LoopedLMConfig', 'make_norm', 'LayerCache', 'CausalSelfAttention', 'MLP', 'Block', 'linear_ce',
            'LoopedOutput', 'unit_rms', 'LoopedLM', 'num_params', 'forward_flops_per_token', 'train_flops_per_token',
-           'saved_tensor_bytes', 'final_loop_row']
+           'saved_tensor_bytes', 'HubFolderError', 'config_from_dict']
 
 # %% ../nbs/01_model.ipynb #0c479aa1
 @dataclass(frozen=True)
@@ -37,15 +39,7 @@ class LoopedLMConfig:
     init: str = 'gpt2'  # gpt2 | torch
 
     def __post_init__(self):
-        for key, choices in (('readout', READOUTS), ('recurrence', RECURRENCES), ('mlp', MLPS), ('init', INITS)):
-            if getattr(self, key) not in choices:
-                raise ConfigError(f"Unknown {key} {getattr(self, key)!r}; choose one of {', '.join(choices)}.")
-        if self.K < 1:
-            raise ConfigError(f"K must be >= 1 loops, got {self.K}.")
-        if self.d_model % self.n_heads:
-            raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}).")
-        if not 0 <= self.dropout < 1:
-            raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}.")
+        validate_values(self)  # the rules and messages of a preset's model keys (00a_config)
 
     @classmethod
     def from_experiment(cls, cfg: ExperimentConfig) -> 'LoopedLMConfig':
@@ -77,11 +71,14 @@ class LayerCache:
         return 0 if self.k is None else self.k.shape[2]
 
     def append(self, k, v):
+        "Add the keys and values of new positions (dim 2); return all of them so far."
         self.k, self.v = (k, v) if self.k is None else (torch.cat([self.k, k], 2), torch.cat([self.v, v], 2))
         return self.k, self.v
 
 
 class CausalSelfAttention(nn.Module):
+    "Multi-head causal self-attention without biases; with a `LayerCache`, new queries attend to cached keys too."
+
     def __init__(self, c: LoopedLMConfig):
         super().__init__()
         self.n_heads, self.dropout = c.n_heads, c.dropout
@@ -89,6 +86,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(c.d_model, c.d_model, bias=False)
 
     def forward(self, x, cache: LayerCache = None):
+        "Attention output (B, T, D) of `x`, whose first position follows the `len(cache)` cached ones."
         B, T, D = x.shape
         # split, then one transpose per tensor: its backward is a single concatenation (a permute of a
         # (B, T, 3, H, hd) view would cost a stack and a copy)
@@ -117,6 +115,7 @@ class MLP(nn.Module):
             self.gate = nn.Linear(c.d_model, h, bias=False)
 
     def forward(self, x):
+        "The MLP of `x`, then dropout."
         y = self.proj(F.silu(self.fc(x)) * self.gate(x) if self.swiglu else F.gelu(self.fc(x)))
         return _dropout(y, self.dropout, self.training)
 
@@ -130,6 +129,7 @@ class Block(nn.Module):
         self.norm2, self.mlp = nn.RMSNorm(c.d_model, eps=c.norm_eps), MLP(c)
 
     def forward(self, h, cache: LayerCache = None):
+        "One block applied to `h` (with `cache`: the positions after the cached ones)."
         h = h + self.attn(self.norm1(h), cache)
         return h + self.mlp(self.norm2(h))
 
@@ -200,12 +200,15 @@ def linear_ce(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chun
 # %% ../nbs/01_model.ipynb #fc6b0c7a
 @dataclass
 class LoopedOutput:
+    "What `LoopedLM.forward` returns: every loop's hidden state, the last loop's logits, every loop's loss."
+
     hidden: list  # [H_1, ..., H_k], each (B, T, d)
     logits: torch.Tensor  # readout of H_k (None when targets are given and logits were not asked for)
     losses: torch.Tensor  # (k,) cross-entropy of each loop's readout; None without targets
 
     @property
     def loss(self):
+        "The loss of the last loop run (None without targets)."
         return None if self.losses is None else self.losses[-1]
 
 
@@ -253,7 +256,7 @@ class LoopedLM(
     def __init__(self, config: LoopedLMConfig):
         super().__init__()
         c = self.config = config
-        self.card_info = {}  # what the model card says about the run (set by `from_run`)
+        self.card_info = {}  # what the model card says about the run (set by `looped_lm.hub.from_run`)
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.pos_emb = nn.Embedding(c.max_seq_len, c.d_model)
         self.stack = nn.ModuleList([Block(c) for _ in range(c.n_layers)])
@@ -285,8 +288,8 @@ class LoopedLM(
         T = idx.shape[1]
         if start + T > self.config.max_seq_len:
             raise ValueError(
-                f"A sequence of {start + T} tokens is longer than the model's context max_seq_len={self.config.max_seq_len}: "
-                f"use at most {self.config.max_seq_len} positions."
+                f"A sequence of {start + T} tokens is longer than the model's context "
+                f"max_seq_len={self.config.max_seq_len}: use at most {self.config.max_seq_len} positions."
             )
         h = self.tok_emb(idx) + self.pos_emb(torch.arange(start, start + T, device=idx.device))
         return _dropout(h, self.config.dropout, self.training)
@@ -298,7 +301,7 @@ class LoopedLM(
         return h
 
     def readout_input(self, h, k: int = None):
-        "What the head sees of hidden state `h` at loop `k`: `out_norm(h)`, or `h` itself (`raw`; `final_norm` before loop K)."
+        "What the head sees of `h` at loop `k`: `out_norm(h)`, or `h` itself (`raw`; `final_norm` before loop K)."
         c = self.config
         normed = c.readout in ('rmsnorm', 'layernorm') or (c.readout == 'final_norm' and (k or c.K) == c.K)
         return self.out_norm(h) if normed else h
@@ -311,9 +314,17 @@ class LoopedLM(
         "What loop k+1 receives from H_k: H_k itself, or its unit-RMS version (`internorm`)."
         return unit_rms(h) if self.config.recurrence == 'internorm' else h
 
+    @classmethod
+    def from_run(cls, run_dir, device='cpu') -> 'LoopedLM':
+        "The model of a trained run directory: attached by `looped_lm.hub`, which sits above the trainer."
+        raise RuntimeError(
+            "LoopedLM.from_run reads run directories, which the model layer cannot: `import looped_lm.hub` first "
+            "(or call `looped_lm.hub.from_run(run_dir)`)."
+        )
+
     def _check_exit(self, exit_k):
         k_max = self.config.K if exit_k is None else exit_k
-        if not (isinstance(k_max, int) and 1 <= k_max <= self.config.K):
+        if isinstance(k_max, bool) or not (isinstance(k_max, int) and 1 <= k_max <= self.config.K):
             raise ValueError(f"exit_k must be an integer in 1..{self.config.K}, got {exit_k!r}.")
         return k_max
 
@@ -326,7 +337,7 @@ class LoopedLM(
         ce_chunk: int = 0,
         return_logits: bool = None,
     ) -> LoopedOutput:
-        "Run `exit_k` (default K) loops. `loss_loops`: 'all' (CE of every loop) or 'last'. (Clamps: `protocol.run_loops`.)"
+        "Run `exit_k` (default K) loops; `loss_loops`: 'all' (CE of every loop) or 'last' (clamps: `run_loops`)."
         k_max = self._check_exit(exit_k)
         if loss_loops not in ('all', 'last'):
             raise ValueError(f"loss_loops must be 'all' or 'last', got {loss_loops!r}.")
@@ -385,62 +396,87 @@ def saved_tensor_bytes(fn, exclude=()) -> tuple:
         out = fn()
     return out, sum(seen.values())
 
-# %% ../nbs/01_model.ipynb #9b640ccc
-def _last(rows):
-    "The final-loop row of a per-loop list of dicts ({} when absent)."
-    return rows[-1] if isinstance(rows, list) and rows and isinstance(rows[-1], dict) else {}
+# %% ../nbs/01_model.ipynb #37c1f69c
+class HubFolderError(ValueError):
+    "A saved model (folder or Hub repository) that `from_pretrained` cannot load; the message names the file and fix."
 
 
-def final_loop_row(diag: dict) -> dict:
-    "The final loop's validation perplexity, mean hidden norm and radial fraction from a diagnostics report."
-    exits = diag.get('exits', {})
-    ex, nm, rad = (
-        _last(exits.get('validation') if isinstance(exits, dict) else exits),
-        _last(diag.get('norms')),
-        _last(diag.get('radial')),
-    )
-    row = dict(k=ex.get('k'), ppl=ex.get('ppl'), bpb=ex.get('bpb'), norm=nm.get('mean'), radial=rad.get('readout'))
-    return {k: v for k, v in row.items() if v is not None}
+_RESAVE = "re-save the model with `save_pretrained` (or copy the file back from where it was saved)"
 
 
-def _run_card(run_dir: Path, cfg) -> dict:
-    "What the model card says about a run directory."
-
-    def read(name):
-        try:
-            return json.loads((run_dir / name).read_text())
-        except (OSError, ValueError):
-            return {}
-
-    from looped_lm.diagnostics import current_report  # lazily: diagnostics imports this module
-    from looped_lm.train import RunDirError
-
+def config_from_dict(raw: dict, where: str = 'config.json') -> LoopedLMConfig:
+    "The `LoopedLMConfig` written in a saved `config.json`, checked like a preset; `where` names the file in errors."
+    if not isinstance(raw, dict):
+        raise HubFolderError(f"{where} must hold a JSON object of LoopedLMConfig fields, got {raw!r:.60}; {_RESAVE}.")
+    names = [f.name for f in fields(LoopedLMConfig)]
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        raise HubFolderError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(names)}. Fix the file.")
     try:
-        diag = current_report(run_dir) or {}  # a stale report (older checkpoint or diagnostics) says nothing
-    except RunDirError:
-        diag = {}  # nor does a damaged one: the model loads all the same
-    data = read('data.json')
-    return dict(
-        variant=run_dir.name,
-        preset=cfg.name,
-        corpus=data.get('corpus', cfg.corpus),
-        fingerprint=data.get('fingerprint', 'unknown'),
-        final_row=final_loop_row(diag),
-    )
+        return LoopedLMConfig(**raw)  # missing keys take their defaults
+    except ConfigError as e:
+        raise HubFolderError(f"{where}: {e} Fix the value in the file, or {_RESAVE}.") from None
+
+# %% ../nbs/01_model.ipynb #09e1c5ad
+def _read_config(folder: Path) -> dict:
+    "The parsed `config.json` of a local model folder, or a `HubFolderError` naming the file and the fix."
+    path = folder / 'config.json'
+    if not path.is_file():
+        raise HubFolderError(
+            f"{path} is missing: a saved LoopedLM folder holds config.json and model.safetensors; {_RESAVE}."
+        )
+    try:
+        return json.loads(path.read_text(encoding='utf-8'))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HubFolderError(f"{path} is not valid JSON ({e}); {_RESAVE}.") from None
+
+
+def _check_repo_id(name):
+    "Refuse a name that is no local folder and no Hub repository id, before anything is downloaded."
+    s = str(name)
+    local = isinstance(name, Path) or os.path.isabs(s) or s.startswith(('.', '~')) or s.count('/') != 1
+    if local or os.path.exists(s) or Path(s).parent.is_dir():
+        raise HubFolderError(
+            f"No model folder at {s}: give the folder `save_pretrained` wrote (check the path for typos) or a Hub "
+            "repository id 'namespace/name'."
+        )
+    try:
+        validate_repo_id(s)
+    except HFValidationError as e:
+        raise HubFolderError(
+            f"{s!r} is neither a model folder nor a Hub repository id ('namespace/name'): {e}"
+        ) from None
+
+# %% ../nbs/01_model.ipynb #a203c0f9
+@classmethod
+def _from_pretrained_checked(cls, pretrained_model_name_or_path, **kw) -> 'LoopedLM':
+    "A saved model from a local folder or a Hub repository id; a damaged or mistyped one is a `HubFolderError`."
+    folder = Path(pretrained_model_name_or_path)
+    if folder.is_dir():
+        config_from_dict(_read_config(folder), str(folder / 'config.json'))  # before the mixin reads the file
+    else:
+        _check_repo_id(pretrained_model_name_or_path)
+    return super(LoopedLM, cls).from_pretrained(pretrained_model_name_or_path, **kw)
 
 
 @classmethod
-def _from_run(cls, run_dir, device='cpu') -> 'LoopedLM':
-    "The model of a trained run directory (newest checkpoint, eval mode), with its model-card facts attached."
-    from looped_lm.train import load_run  # lazily: the trainer imports this module
+def _from_pretrained(cls, *, model_id: str, config=None, strict: bool = True, **kw) -> 'LoopedLM':
+    "Hub loading: rebuild the `LoopedLMConfig` from config.json and load the weights strictly."
+    if config is None:
+        raise HubFolderError(f"{model_id} has no config.json: {_RESAVE}.")
+    if not isinstance(config, LoopedLMConfig):
+        config = config_from_dict(config, f"{model_id}/config.json")
+    weights = Path(model_id) / 'model.safetensors'
+    if os.path.isdir(model_id) and not weights.is_file():
+        raise HubFolderError(f"{weights} is missing: {_RESAVE}.")
+    try:
+        return super(LoopedLM, cls)._from_pretrained(model_id=model_id, config=config, strict=strict, **kw)
+    except SafetensorError as e:
+        raise HubFolderError(f"{model_id}/model.safetensors is damaged or truncated ({e}); {_RESAVE}.") from None
 
-    cfg, model = load_run(run_dir, device)
-    model.card_info = _run_card(Path(run_dir), cfg)
-    return model
-
-
+# %% ../nbs/01_model.ipynb #3f99a5ef
 def _generate_model_card(self, *args, **kwargs):
-    "The Hub model card, filled from `card_info` (set by `from_run`) and the architecture."
+    "The Hub model card, filled from `card_info` (set by `looped_lm.hub.from_run`) and the architecture."
     c = self.config
     info = {
         **dict(variant='unnamed', preset='unknown', corpus='unknown', fingerprint='unknown', final_row={}),
@@ -450,19 +486,8 @@ def _generate_model_card(self, *args, **kwargs):
     return PyTorchModelHubMixin.generate_model_card(self, *args, **{**info, **kwargs})
 
 
-@classmethod
-def _from_pretrained(cls, *, config=None, strict: bool = True, **kw):
-    "Hub loading: rebuild the `LoopedLMConfig` from config.json and load the weights strictly."
-    if isinstance(config, dict):
-        config = LoopedLMConfig(**{f.name: config[f.name] for f in fields(LoopedLMConfig) if f.name in config})
-    return super(LoopedLM, cls)._from_pretrained(config=config, strict=strict, **kw)
-
-
-LoopedLM.from_run, LoopedLM.generate_model_card, LoopedLM._from_pretrained = (
-    _from_run,
-    _generate_model_card,
-    _from_pretrained,
-)
+LoopedLM.from_pretrained, LoopedLM._from_pretrained = _from_pretrained_checked, _from_pretrained
+LoopedLM.generate_model_card = _generate_model_card
 
 # %% ../nbs/01_model.ipynb #c6f229bf
 def _exit_mask(halting, logits, k: int, k_max: int) -> torch.Tensor:
@@ -502,7 +527,36 @@ def _sample(logits, temperature: float, generator):
         return logits.argmax(-1)
     return torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
 
+# %% ../nbs/01_model.ipynb #d874257d
+def _check_generate_args(model, idx, max_new_tokens, temperature, halting):
+    "Refuse unusable `generate` arguments before any compute, with the fix in the message."
+    V = model.config.vocab_size
+    if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.dtype != torch.long or 0 in idx.shape:
+        got = f"{idx.dtype} {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
+        raise ValueError(f"idx must be a non-empty (B, T) int64 tensor of token ids, got {got}.")
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= V:
+        raise ValueError(
+            f"idx holds token id {lo if lo < 0 else hi}, outside the model's vocabulary 0..{V - 1}: encode the "
+            "prompt with the tokenizer the model was trained with."
+        )
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}.")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}.")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(
+            f"temperature must be finite and >= 0 (0: greedy, 1: the model's own distribution), got {temperature}."
+        )
+    if halting is not None and not callable(halting):
+        raise TypeError(
+            f"halting must be None or a callable (logits, k) -> bool mask (B,), got {halting!r} "
+            "(e.g. `diagnostics.halting_policy`)."
+        )
 
+# %% ../nbs/01_model.ipynb #13e69a09
 @torch.no_grad()
 def _generate(
     self,
@@ -515,19 +569,14 @@ def _generate(
     use_cache: bool = True,
     return_exits: bool = False,
 ):
-    "Extend `idx` (B, T) by `max_new_tokens` tokens read out at loop `exit_k` (or where `halting` says), with per-loop KV caches (`use_cache`)."
+    "Extend `idx` (B, T) by `max_new_tokens` tokens read out at loop `exit_k` (or where `halting` says)."
     k_max = self._check_exit(exit_k)
-    if idx.ndim != 2 or idx.dtype != torch.long or idx.shape[1] == 0:
-        raise ValueError(f"idx must be a non-empty (B, T) int64 tensor, got {idx.dtype} {tuple(idx.shape)}.")
-    if not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}.")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}.")
+    _check_generate_args(self, idx, max_new_tokens, temperature, halting)
     need = idx.shape[1] + max_new_tokens - 1  # positions fed to the model (the last new token is not fed back)
     if need > self.config.max_seq_len:
         raise ValueError(
-            f"A prompt of {idx.shape[1]} tokens plus {max_new_tokens} new ones needs {need} positions, but the model has "
-            f"max_seq_len={self.config.max_seq_len}: shorten the prompt or ask for fewer tokens."
+            f"A prompt of {idx.shape[1]} tokens plus {max_new_tokens} new ones needs {need} positions, but the model "
+            f"has max_seq_len={self.config.max_seq_len}: shorten the prompt or ask for fewer tokens."
         )
     was_training, exits = self.training, []
     self.eval()

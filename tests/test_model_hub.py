@@ -1,9 +1,12 @@
-"Trained models anyone can load: a `smoke` run -> from_run / save_pretrained / from_pretrained, and cached generation."
+"""Trained models anyone can load: a `smoke` run -> from_run / save_pretrained / from_pretrained, and cached
+generation; damaged model folders and bad `generate` arguments refused with the file and the fix."""
 
-import json
+import json, math, os, shutil, subprocess, sys
 import pytest, torch
+import huggingface_hub.hub_mixin
+import looped_lm.hub  # noqa: F401 (attaches LoopedLM.from_run)
 from looped_lm.config import load_preset
-from looped_lm.model import LoopedLM
+from looped_lm.model import HubFolderError, LoopedLM, LoopedLMConfig
 from looped_lm.train import train, latest_checkpoint
 from looped_lm.diagnostics import DIAG_VERSION, checkpoint_id
 from safetensors.torch import load_file
@@ -121,3 +124,127 @@ def test_generate_with_halting(run, smoke_data):
     )  # each token is the argmax of its exit loop's readout
     with pytest.raises(ValueError, match='max_seq_len=64'):
         model.generate(prompt, 64)
+
+
+# ---- without a trained run: a tiny model, saved and damaged; bad generate arguments ---------------------------------
+
+
+@pytest.fixture(scope='module')
+def tiny():
+    "An untrained tiny model (vocabulary 300, K = 4)."
+    torch.manual_seed(0)
+    return LoopedLM(LoopedLMConfig(vocab_size=300, d_model=32, n_layers=1, n_heads=2, max_seq_len=16, K=4)).eval()
+
+
+@pytest.fixture
+def saved(tiny, tmp_path, monkeypatch):
+    "The tiny model saved to tmp_path/ok, with every Hub download made an error (tests never reach the network)."
+
+    def no_network(*a, **kw):
+        raise AssertionError(f"hf_hub_download called: {a} {kw}")
+
+    monkeypatch.setattr(huggingface_hub.hub_mixin, 'hf_hub_download', no_network)
+    tiny.save_pretrained(tmp_path / 'ok')
+    return tmp_path / 'ok'
+
+
+def _broken(saved, name, change):
+    "A copy of the saved folder with one fault made by `change(folder)`."
+    shutil.copytree(saved, saved.parent / name)
+    change(saved.parent / name)
+    return saved.parent / name
+
+
+def _config_edit(**kw):
+    def change(folder):
+        p = folder / 'config.json'
+        p.write_text(json.dumps({**json.loads(p.read_text()), **kw}))
+
+    return change
+
+
+def _truncate(folder):
+    p = folder / 'model.safetensors'
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    'name, change, msg',
+    [
+        ('no-config', lambda f: (f / 'config.json').unlink(), 'no-config/config.json is missing'),
+        ('not-json', lambda f: (f / 'config.json').write_text('{"K": '), 'not-json/config.json is not valid JSON'),
+        ('not-object', lambda f: (f / 'config.json').write_text('[1, 2]'), 'must hold a JSON object'),
+        ('bad-vocab', _config_edit(vocab_size=-5), 'bad-vocab/config.json: LoopedLMConfig: `vocab_size` must be > 0'),
+        ('bad-readout', _config_edit(readout='batchnorm'), "`readout` = 'batchnorm' is not valid; choose one of"),
+        ('heads', _config_edit(n_heads=3), '`d_model` (32) must be divisible by `n_heads` (3)'),
+        ('string-K', _config_edit(K='4'), "`K` must be of type int, got '4'"),
+        ('typo-key', _config_edit(vocab_sise=300), "typo-key/config.json: unknown key(s) ['vocab_sise']"),
+        ('no-weights', lambda f: (f / 'model.safetensors').unlink(), 'no-weights/model.safetensors is missing'),
+        ('truncated', _truncate, 'truncated/model.safetensors is damaged or truncated'),
+    ],
+)
+def test_damaged_folder_names_the_file_and_fix(saved, name, change, msg):
+    folder = _broken(saved, name, change)
+    with pytest.raises(HubFolderError) as e:
+        LoopedLM.from_pretrained(folder)
+    assert msg in str(e.value) and ('save_pretrained' in str(e.value) or 'Fix the file' in str(e.value)), str(e.value)
+
+
+def test_mistyped_path_is_not_sent_to_the_hub(saved):
+    for where in (saved.parent / 'okk', str(saved.parent / 'okk'), 'okk', './okk', 'a/b/c'):
+        with pytest.raises(HubFolderError, match='No model folder at .*okk|No model folder at a/b/c'):
+            LoopedLM.from_pretrained(where)
+    with pytest.raises(HubFolderError, match='No model folder at'):
+        LoopedLM.from_pretrained(saved / 'config.json')  # a file, not a folder
+    with pytest.raises(HubFolderError, match="neither a model folder nor a Hub repository id"):
+        LoopedLM.from_pretrained('name space/model!')
+
+
+def test_saved_folder_still_loads(tiny, saved):
+    back = LoopedLM.from_pretrained(saved)
+    assert back.config == tiny.config and not back.training
+    x = torch.randint(0, 300, (2, 8))
+    with torch.no_grad():
+        assert torch.equal(back(x).logits, tiny(x).logits)
+
+
+@pytest.mark.parametrize(
+    'kw, err, msg',
+    [
+        (dict(idx=torch.tensor([[1, 300]])), ValueError, "token id 300, outside the model's vocabulary 0..299"),
+        (dict(idx=torch.tensor([[-1, 2]])), ValueError, "token id -1, outside the model's vocabulary 0..299"),
+        (dict(idx=torch.zeros(0, 4, dtype=torch.long)), ValueError, 'non-empty (B, T) int64 tensor'),
+        (dict(halting='banana'), TypeError, 'halting must be None or a callable'),
+        (dict(exit_k=True), ValueError, 'exit_k must be an integer in 1..4, got True'),
+        (dict(temperature=math.nan), ValueError, 'temperature must be finite and >= 0'),
+        (dict(temperature=math.inf), ValueError, 'temperature must be finite and >= 0'),
+        (dict(temperature=-0.5), ValueError, 'temperature must be finite and >= 0'),
+        (dict(temperature='1'), TypeError, 'temperature must be a number'),
+        (dict(max_new_tokens=-1), ValueError, 'max_new_tokens must be >= 0, got -1'),
+        (dict(max_new_tokens=2.0), TypeError, 'max_new_tokens must be an int >= 0, got 2.0'),
+        (dict(max_new_tokens=True), TypeError, 'max_new_tokens must be an int >= 0, got True'),
+    ],
+)
+def test_generate_refuses_bad_arguments_before_any_work(tiny, kw, err, msg):
+    calls = []
+    hook = tiny.tok_emb.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(err) as e:
+            tiny.generate(**{**dict(idx=torch.randint(0, 300, (2, 4)), max_new_tokens=3), **kw})
+    finally:
+        hook.remove()
+    assert msg in str(e.value), str(e.value)
+    assert calls == []  # refused before the prompt was embedded
+
+
+def test_model_imports_nothing_above_it():
+    "`looped_lm.model` loads without the trainer or the diagnostics; `from_run` then names the import it needs."
+    code = (
+        "import sys\n"
+        "from looped_lm.model import LoopedLM\n"
+        "print(sorted(m for m in sys.modules if m.startswith('looped_lm.')))\n"
+        "LoopedLM.from_run('runs/x')\n"
+    )
+    p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env={**os.environ})
+    assert "['looped_lm.config', 'looped_lm.model']" in p.stdout, p.stdout + p.stderr
+    assert p.returncode != 0 and 'import looped_lm.hub' in p.stderr, p.stderr[-2000:]
