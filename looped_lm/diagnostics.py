@@ -4,12 +4,14 @@
 
 # %% ../nbs/04_diagnostics.ipynb #25e17e10
 from __future__ import annotations
-import copy, dataclasses, json, math, statistics, time, warnings, weakref
+import dataclasses, itertools, json, math, statistics, time, warnings, weakref
+from contextlib import contextmanager
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 from .lemmas import radial_fraction, angle_between, radial_tangential
 from .data import eval_batches, write_atomic, bits_per_byte, word_perplexity, file_content_sha
-from .protocol import LoopSpec, as_spec, run_loops, check_spec, token_windows, CLAMPS
+from .protocol import LoopSpec, LoopSpecError, as_spec, run_loops, checked_spec, token_windows, CLAMPS
+from .protocol import slice_context, clamp_refusal, readout_norm_at, IGNORED_STATE
 
 # %% auto #0
 __all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'POLICIES', 'GRANULARITIES', 'EVAL_TOKENS', 'token_ce',
@@ -24,7 +26,7 @@ DIAG_VERSION = 4  # bump whenever a diagnostic changes: cached reports of anothe
 
 
 def _batches(tokens, batch_size, seq_len, max_batches=None, device='cpu'):
-    "Consecutive non-overlapping windows of `tokens` (all of them when `max_batches` is None): the protocol's `token_windows`."
+    "Consecutive non-overlapping windows of `tokens` (all of them when `max_batches` is None): `token_windows`."
     return token_windows(tokens, seq_len, batch_size, max_batches, device)
 
 
@@ -38,15 +40,12 @@ def _looped_config(obj):
     return getattr(_module(obj), 'config', None) if hasattr(getattr(_module(obj), 'config', None), 'readout') else None
 
 
-def _slice_ctx(ctx, rows):
-    "The part of a loop context that belongs to the sequences `rows` (tensors with a batch dim are sliced; the rest is shared)."
-    if isinstance(ctx, torch.Tensor):
-        return ctx[rows] if ctx.dim() > 0 else ctx
-    if isinstance(ctx, dict):
-        return {k: _slice_ctx(v, rows) for k, v in ctx.items()}
-    if isinstance(ctx, (list, tuple)):
-        return type(ctx)(_slice_ctx(v, rows) for v in ctx)
-    return ctx
+def _guarded(obj, tokens, seq_len: int, device='cpu', K: int = None) -> LoopSpec:
+    "The spec of `obj` (run for `K` loops if given), checked once per spec object on the first window of `tokens`."
+    spec = as_spec(obj) if K is None else dataclasses.replace(as_spec(obj), K=K)
+    x, y = next(iter(_batches(tokens, 2, seq_len, 1, device)))
+    checked_spec(spec, x, y)  # raises LoopSpecError, naming the cause, before any expensive work
+    return spec
 
 
 def _pieces(spec, h, ctx, k, chunk: int):
@@ -55,11 +54,11 @@ def _pieces(spec, h, ctx, k, chunk: int):
     per = B if chunk <= 0 else max(1, chunk // T)
     for i in range(0, B, per):
         rows = slice(i, min(B, i + per))
-        yield rows, spec.readout(h[rows], ctx if per >= B else _slice_ctx(ctx, rows), k)
+        yield rows, spec.readout(h[rows], ctx if per >= B else slice_context(spec, ctx, rows, h), k)
 
 
 def token_ce(spec, h, ctx, k, y, chunk: int = 0, scores: bool = False):
-    "Per-token CE (B, T) of the loop-`k` readout of `h` against `y` (and, with `scores`, the halting scores of each token)."
+    "Per-token CE (B, T) of the loop-`k` readout of `h` against `y` (with `scores`, each token's halting scores too)."
     ce, sc = torch.empty(y.shape, dtype=torch.float32, device=y.device), {}
     for rows, logits in _pieces(spec, h, ctx, k, chunk):
         lg = logits.float()
@@ -75,8 +74,8 @@ def token_ce(spec, h, ctx, k, y, chunk: int = 0, scores: bool = False):
 def eval_exits(
     spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0, n_bytes=None, n_words=None
 ) -> list:
-    "Per exit k=1..K: CE, perplexity, bits per byte, word perplexity and the number of scored targets, on the whole of `tokens`."
-    spec = as_spec(spec)
+    "Per exit k=1..K: CE, perplexity, bits per byte, word perplexity and the number of scored targets of `tokens`."
+    spec = _guarded(spec, tokens, seq_len, device)
     tot, n = np.zeros(spec.K), 0
     for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
         hidden, ctx = run_loops(spec, x, spec.K)
@@ -103,7 +102,7 @@ def eval_exits(
 # %% ../nbs/04_diagnostics.ipynb #0a09640a
 @torch.no_grad()
 def exit_throughput(model, tokens, batch_size=8, seq_len=64, repeats=5, max_batches=2, device='cpu', warmup=1) -> list:
-    "Per exit k: median tokens/s of running k loops and one readout, exits interleaved and repeated; spread = (max-min)/median."
+    "Per exit k: median tokens/s of k loops and one readout, exits interleaved and repeated; spread=(max-min)/median."
     from looped_lm.config import ExperimentConfig
     from looped_lm.model import LoopedLM, LoopedLMConfig, forward_flops_per_token
 
@@ -111,7 +110,7 @@ def exit_throughput(model, tokens, batch_size=8, seq_len=64, repeats=5, max_batc
         model = (
             LoopedLM(LoopedLMConfig.from_experiment(model)).to(device).eval()
         )  # FLOPs and speed do not depend on the weights
-    spec, cfg = as_spec(model), _looped_config(model)
+    spec, cfg = _guarded(model, tokens, seq_len, device), _looped_config(model)
     bs = list(_batches(tokens, batch_size, seq_len, max_batches, device))
     sync = torch.cuda.synchronize if torch.device(device).type == 'cuda' else (lambda: None)
 
@@ -167,7 +166,7 @@ def token_norms(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device
 
 
 def norm_stats(n: np.ndarray) -> dict:
-    "Table 10 statistics of per-token norms `n`: mean, median, p99, max, sd (ddof 0), min, plus the Hill index and its reading."
+    "Table 10 statistics of per-token norms `n`: mean, median, p99, max, sd (ddof 0), min, the Hill index and its tail."
     n = np.asarray(n, dtype=np.float64)
     hill = hill_estimator(n)
     return dict(
@@ -184,7 +183,7 @@ def norm_stats(n: np.ndarray) -> dict:
 
 
 def norm_distribution(norms: np.ndarray, bins: int = 40) -> list:
-    "Per loop: `norm_stats`, quantiles p50..p99.9, tail ratio p99.9/p50 and a log-spaced histogram of per-token norms (K, n)."
+    "Per loop of norms (K, n): `norm_stats`, quantiles p50..p99.9, tail ratio p99.9/p50 and a log-spaced histogram."
     lo, hi = max(norms.min(), 1e-12), norms.max() * 1.0001
     edges = np.geomspace(lo, hi, bins + 1)
     res = []
@@ -205,33 +204,29 @@ def norm_distribution(norms: np.ndarray, bins: int = 40) -> list:
     return res
 
 # %% ../nbs/04_diagnostics.ipynb #c5a860d8
-def float64_spec(obj, K: int = None) -> tuple:
-    "(spec, dtype): a float64 copy of a model's spec (the model is deep-copied; a spec of plain callables as it is), run for `K` loops if given."
-    spec, dt = (
-        (as_spec(copy.deepcopy(obj).double()), torch.float64) if isinstance(obj, nn.Module) else (as_spec(obj), None)
-    )
-    return (spec if K is None else dataclasses.replace(spec, K=K)), dt
-
-
-def _readout_norm(obj, k: int):
-    "('rmsnorm' | 'layernorm', eps) when a `LoopedLM`'s readout at loop `k` normalizes its input, else None."
-    c = _looped_config(obj)
-    if c is None:
-        return None
-    if c.readout in ('rmsnorm', 'layernorm'):
-        return c.readout, c.norm_eps
-    if c.readout == 'final_norm' and k >= c.K:
-        return 'rmsnorm', c.norm_eps
-    return None
+@contextmanager
+def float64_spec(spec):
+    "`spec` with every floating parameter and buffer of its `modules` in float64 while inside; restored bit for bit."
+    saved = []
+    try:
+        for m in as_spec(spec).modules:
+            for t in itertools.chain(m.parameters(), m.buffers()):
+                if t.is_floating_point() and t.dtype != torch.float64:
+                    saved.append((t, t.data))
+                    t.data = t.data.double()
+        yield as_spec(spec)
+    finally:
+        for t, data in saved:
+            t.data = data
 
 
 def predicted_radial(h: torch.Tensor, norm: str, eps: float) -> float:
-    "The visibility lemma's radial fraction through a normalized readout: token mean of eps/mean_c(H^2) (LayerNorm: eps/var_c(H))."
+    "The lemma's radial fraction through a normalized readout: token mean of eps/mean_c(H^2) (LayerNorm: eps/var_c(H))."
     h = h.detach().double()
     m = h.var(-1, unbiased=False) if norm == 'layernorm' else h.pow(2).mean(-1)
     return (eps / m).mean().item()
 
-
+# %% ../nbs/04_diagnostics.ipynb #a451e3da
 def radial_fractions(
     model,
     tokens,
@@ -244,16 +239,18 @@ def radial_fractions(
     ce_chunk: int = 0,
     K: int = None,
 ) -> list:
-    "Per loop: radial fraction of the readout's own CE gradient and of the training objective's, in float64, beside the lemma's prediction."
+    "Per loop: radial fraction of the readout's CE gradient and the objective's, in float64, beside the lemma's."
     if loss not in ('perloop', 'terminal'):
         raise ValueError(f"loss must be 'perloop' or 'terminal', got {loss!r}.")
     from looped_lm.train import norm_penalty as penalty
 
-    spec, dt = float64_spec(model, K)
-    K, acc, pred, n = spec.K, np.zeros((spec.K, 2)), [[] for _ in range(spec.K)], 0
-    with torch.enable_grad():
+    spec = _guarded(model, tokens, seq_len, device, K)
+    through_loops = checked_spec(spec, None).get('steps_carry_state') is not False  # else no objective through loops
+    K, acc, pred, n, dtypes = spec.K, np.zeros((spec.K, 2)), [[] for _ in range(spec.K)], 0, set()
+    with torch.enable_grad(), float64_spec(spec):
         for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
             hidden, ctx = run_loops(spec, x, K, grad=True)  # each H_k is the very tensor fed to step k+1
+            dtypes.update(str(h.dtype).replace('torch.', '') for h in hidden)
             ces = [token_ce(spec, h, ctx, k, y, ce_chunk).mean() for k, h in enumerate(hidden, 1)]
             obj = torch.stack(ces).mean() if loss == 'perloop' else ces[-1]
             if norm_penalty > 0:
@@ -261,11 +258,8 @@ def radial_fractions(
             g_obj = torch.autograd.grad(obj, hidden, retain_graph=True)
             g_own = [torch.autograd.grad(ce, h, retain_graph=True)[0] for ce, h in zip(ces, hidden)]
             for k, h in enumerate(hidden):
-                acc[k] += [
-                    radial_fraction(g_own[k].double(), h.double()).item(),
-                    radial_fraction(g_obj[k].double(), h.double()).item(),
-                ]
-                if rn := _readout_norm(model, k + 1):
+                acc[k] += [radial_fraction(g.double(), h.double()).item() for g in (g_own[k], g_obj[k])]
+                if rn := readout_norm_at(spec, k + 1, h.dtype):
                     pred[k].append(predicted_radial(h, *rn))
             n += 1
             del hidden, ces, obj
@@ -273,9 +267,9 @@ def radial_fractions(
         dict(
             k=k + 1,
             readout=float(acc[k, 0] / n),
-            objective=float(acc[k, 1] / n),
+            objective=float(acc[k, 1] / n) if through_loops else None,
             predicted=float(np.mean(pred[k])) if pred[k] else None,
-            dtype=str(dt or 'model dtype').replace('torch.', ''),
+            dtype='/'.join(sorted(dtypes)),
         )
         for k in range(K)
     ]
@@ -288,16 +282,17 @@ def _b_perp(prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def angular_updates(model, tokens, batch_size=8, seq_len=64, max_batches=4, device='cpu', K: int = None) -> list:
-    "Per transition k-1 -> k: mean angle, mean s_{k-1} = ||H_{k-1}||, mean per-token angle*s, mean ||b_perp|| and their ratio (float64, every token)."
-    spec, _ = float64_spec(model, K)
+    "Per transition k-1 -> k: mean angle, s_{k-1} = ||H_{k-1}||, angle*s, ||b_perp|| and their ratio (float64)."
+    spec = _guarded(model, tokens, seq_len, device, K)
     rows = {k: [] for k in range(2, spec.K + 1)}
-    for x, _ in _batches(tokens, batch_size, seq_len, max_batches, device):
-        hid = [h.double() for h in run_loops(spec, x, spec.K)[0]]
-        for k in rows:
-            a, b = hid[k - 2], hid[k - 1]
-            rows[k].append(
-                torch.stack([angle_between(a, b), torch.linalg.vector_norm(a, dim=-1), _b_perp(a, b)]).flatten(1)
-            )
+    with float64_spec(spec):
+        for x, _ in _batches(tokens, batch_size, seq_len, max_batches, device):
+            hid = [h.double() for h in run_loops(spec, x, spec.K)[0]]
+            for k in rows:
+                a, b = hid[k - 2], hid[k - 1]
+                rows[k].append(
+                    torch.stack([angle_between(a, b), torch.linalg.vector_norm(a, dim=-1), _b_perp(a, b)]).flatten(1)
+                )
     res = []
     for k, r in rows.items():
         th, s, bp = torch.cat(r, 1)
@@ -316,16 +311,19 @@ def angular_updates(model, tokens, batch_size=8, seq_len=64, max_batches=4, devi
 
 @torch.no_grad()
 def angle_scaling(model, x, k: int = 2, alphas=(1, 10, 100, 1000, 10000)) -> list:
-    "The 1/s law on the same tokens: H_{k-1} rescaled by alpha, one step, mean angle theta(alpha) and theta*alpha (const for large alpha)."
-    spec, _ = float64_spec(model)
+    "The 1/s law on the same tokens: H_{k-1} times alpha, one step, mean angle theta(alpha) and theta*alpha."
+    spec = as_spec(model)
     if not 2 <= k <= spec.K:
         raise ValueError(f"k must be a transition 2..{spec.K}, got {k}.")
-    hid, ctx = run_loops(spec, x, k - 1)
+    if checked_spec(spec, x).get('steps_carry_state') is False:
+        raise LoopSpecError(f"{spec.name}: angle_scaling feeds a rescaled state to the step, but {IGNORED_STATE}.")
     res = []
-    for a in alphas:
-        prev = a * hid[-1]
-        th = angle_between(prev, spec.step(prev, ctx, k)).mean().item()
-        res.append(dict(alpha=float(a), angle=th, angle_times_alpha=th * a))
+    with float64_spec(spec):
+        hid, ctx = run_loops(spec, x, k - 1)
+        for a in alphas:
+            prev = a * hid[-1]
+            th = angle_between(prev, spec.step(prev, ctx, k)).mean().item()
+            res.append(dict(alpha=float(a), angle=th, angle_times_alpha=th * a))
     return res
 
 # %% ../nbs/04_diagnostics.ipynb #99e8a54e
@@ -333,9 +331,13 @@ def angle_scaling(model, x, k: int = 2, alphas=(1, 10, 100, 1000, 10000)) -> lis
 def clamp_modes(
     spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0, modes=CLAMPS, plain=None
 ) -> dict:
-    """Per clamp mode and loop k: CE, perplexity, mean per-token L2 norm and RMS of H_k, and CE change / PPL ratio against no
-    clamp. `plain`: `loop_scores` of the same windows, whose unclamped pass then gives the `none` rows without running it again."""
-    spec = as_spec(spec)
+    """Per clamp mode and loop k: CE, perplexity, mean per-token L2 norm and RMS of H_k, and CE change / PPL ratio
+    against no
+    clamp. `plain`: `loop_scores` of the same windows, whose unclamped pass then gives the `none` rows without running
+    it again."""
+    spec = _guarded(spec, tokens, seq_len, device)
+    if (why := clamp_refusal(spec)) and any(m != 'none' for m in modes):
+        raise LoopSpecError(f"{spec.name} cannot be clamped: {why}")
     run = [m for m in modes if not (m == 'none' and plain is not None)]
     acc = {m: np.zeros((spec.K, 3)) for m in run}
     n = 0
@@ -379,7 +381,7 @@ def scale_sensitivity(
     spec, tokens, batch_size=8, seq_len=64, max_batches=4, device='cpu', ce_chunk=0, alphas=SCALE_ALPHAS
 ) -> list:
     "CE and perplexity of the final readout with H_K multiplied by alpha (flat for a scale-invariant readout)."
-    spec = as_spec(spec)
+    spec = _guarded(spec, tokens, seq_len, device)
     tot, n = np.zeros(len(alphas)), 0
     for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
         hidden, ctx = run_loops(spec, x, spec.K)
@@ -391,8 +393,9 @@ def scale_sensitivity(
 
 @torch.no_grad()
 def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=5, device='cpu') -> list:
-    "Lemma 2 beyond the training depth, per transition k -> k+1 of a `loops`-loop run: s_k, a_k, mean ||du|| and mean ||du||*s_k (float64)."
-    spec = as_spec(spec)
+    """Lemma 2 beyond the training depth, per transition k -> k+1 of a `loops`-loop run: s_k, a_k, mean ||du|| and
+    mean ||du||*s_k (float64)."""
+    spec = _guarded(spec, tokens, seq_len, device)
     acc, nb = np.zeros((loops - 1, 4)), 0
     for x, _ in _batches(tokens, batch_size, seq_len, max_batches, device):
         hid = [h.double() for h in run_loops(spec, x, loops)[0]]
@@ -416,7 +419,8 @@ GRANULARITIES = ('sequence', 'token')
 
 
 def halting_scores(logits: torch.Tensor) -> dict:
-    "Per-token confidence of `logits` (..., V): max_prob = top-1 probability, logit_margin = top1 - top2, entropy = 1 - H/ln V."
+    """Per-token confidence of `logits` (..., V): max_prob = top-1 probability, logit_margin = top1 - top2,
+    entropy = 1 - H/ln V."""
     z = logits.float()
     lse, top = torch.logsumexp(z, -1), z.topk(2, dim=-1).values
     p = torch.softmax(z, -1)
@@ -429,7 +433,8 @@ def halting_scores(logits: torch.Tensor) -> dict:
 
 
 def halting_policy(policy: str, threshold: float, K: int, granularity: str = 'token'):
-    "An exit rule for `LoopedLM.generate(halting=...)`: (logits, k) -> bool mask, True where the score reaches `threshold` (always at k >= K)."
+    """An exit rule for `LoopedLM.generate(halting=...)`: (logits, k) -> bool mask, True where the score reaches
+    `threshold` (always at k >= K)."""
     if policy not in POLICIES:
         raise ValueError(f"Unknown halting policy {policy!r}; choose one of {', '.join(POLICIES)}.")
     if granularity not in GRANULARITIES:
@@ -447,8 +452,9 @@ def halting_policy(policy: str, threshold: float, K: int, granularity: str = 'to
 @torch.no_grad()
 def loop_scores(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0) -> tuple:
     """One unclamped pass over the N windows of `tokens`: per-token CE (K, N, T), halting scores {policy: (K, N, T)},
-    per-token L2 norms ||H_k|| (K, N, T, float64) and the state's width d (halting, norms and the `none` clamp rows all read it)."""
-    spec = as_spec(spec)
+    per-token L2 norms ||H_k|| (K, N, T, float64) and the state's width d (halting, norms and the `none` clamp rows
+    all read it)."""
+    spec = _guarded(spec, tokens, seq_len, device)
     ces, scs, nrm, d = [], {p: [] for p in POLICIES}, [], None
     for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
         hidden, ctx = run_loops(spec, x, spec.K)
@@ -474,7 +480,8 @@ def _items(ce, score, granularity):
 
 
 def exit_outcome(ce, score, threshold: float, granularity: str = 'sequence') -> dict:
-    "Each item exits at the first loop k < K whose score >= `threshold`, else at K: perplexity and average loops (ce, score: (K, N, T))."
+    """Each item exits at the first loop k < K whose score >= `threshold`, else at K: perplexity and average loops
+    (ce, score: (K, N, T))."""
     c, s, t = _items(np.asarray(ce), np.asarray(score), granularity)
     K = len(c)
     hit = s[:-1] >= threshold
@@ -484,7 +491,8 @@ def exit_outcome(ce, score, threshold: float, granularity: str = 'sequence') -> 
 
 
 def calibrate_threshold(ce, score, granularity='sequence', target: float = 1.01, n_quantiles: int = 51) -> float:
-    "The threshold with the fewest average loops whose perplexity stays within `target` x the fixed-depth one (+inf: never exit early)."
+    """The threshold with the fewest average loops whose perplexity stays within `target` x the fixed-depth one
+    (+inf: never exit early)."""
     _, s, _ = _items(np.asarray(ce), np.asarray(score), granularity)
     cand = np.unique(np.quantile(s[:-1], np.linspace(0, 1, n_quantiles))) if len(s) > 1 else np.array([])
     cand = [math.inf, *cand.tolist(), float(s[:-1].min() - 1e-6) if len(s) > 1 else math.inf]
@@ -498,7 +506,7 @@ def calibrate_threshold(ce, score, granularity='sequence', target: float = 1.01,
 
 
 def adaptive_halting(ce, scores: dict, target: float = 1.01, policies=POLICIES, granularities=GRANULARITIES) -> list:
-    "Table 8: per policy and granularity, a threshold calibrated on the first half of the windows, scored on the second half."
+    "Table 8: per policy and granularity, a threshold calibrated on the first half of the windows, scored on the rest."
     N = ce.shape[1]
     if N < 2:
         raise ValueError(f"Calibrated halting needs at least 2 windows (one to calibrate, one to score), got {N}.")
@@ -551,7 +559,7 @@ def _dynamic_ce(spec, x, y, rule, ce_chunk=0):
         keep = ~done
         if not keep.any():
             break
-        h, ctx, y = h[keep], _slice_ctx(ctx, keep), y[keep]
+        h, ctx, y = h[keep], slice_context(spec, ctx, keep, h), y[keep]
     return tot, loops
 
 
@@ -568,8 +576,8 @@ def halting_speed(
     repeats: int = 3,
     ce_chunk=0,
 ) -> dict:
-    "Measured speed-up of sequence-level halting that really drops exited sequences, against the fixed-depth run (never asserted)."
-    spec = as_spec(spec)
+    "Measured speed-up of sequence-level halting that really drops exited sequences, against fixed depth (no assert)."
+    spec = _guarded(spec, tokens, seq_len, device)
     rule = halting_policy(policy, threshold, spec.K, 'sequence')
     bs = list(_batches(tokens, batch_size, seq_len, max_batches, device))
     sync = torch.cuda.synchronize if torch.device(device).type == 'cuda' else (lambda: None)
@@ -633,8 +641,10 @@ class DiagnosticReport(dict):
         for split, rows in self.get('exits', {}).items():
             t[f'Exits ({split}; PPL per exit depth)'] = _table(rows, ['k', 'ce', 'ppl', 'bpb', 'word_ppl', 'tokens'])
         if 'radial' in self:
-            t['Radial gradient fractions (float64)'] = _table(
-                self['radial'], ['k', 'readout', 'predicted', 'objective']
+            dt = {r.get('dtype') for r in self['radial']}
+            dt = 'float64' if dt == {'float64'} else f"{'/'.join(map(str, dt))} — NOT float64: name the spec's modules"
+            t[f'Radial gradient fractions ({dt})'] = _table(
+                self['radial'], ['k', 'readout', 'predicted', 'objective', 'dtype']
             )
         if 'clamp' in self:
             t['Radial clamp modes (Table 4)'] = _table(
@@ -657,17 +667,21 @@ class DiagnosticReport(dict):
             )
         if 'lemma2' in self:
             t['Lemma 2 beyond the training depth'] = _table(self['lemma2'], ['k', 's', 'a', 'du', 'du_times_s'])
+        if self.get('skipped'):
+            skipped = [dict(part=p, reason=r) for p, r in self['skipped'].items()]
+            t['Skipped, and why'] = _table(skipped, ['part', 'reason'])
         return t
 
     def _repr_markdown_(self) -> str:
-        head = f"**{self.get('name', 'model')}** — H_k: {self.get('state') or 'unstated'}; diagnostics v{self.get('version')}"
+        name, state = self.get('name', 'model'), self.get('state') or 'unstated'
+        head = f"**{name}** — H_k: {state}; diagnostics v{self.get('version')}"
         return '\n\n'.join([head] + [f'**{k}**\n\n{v}' for k, v in self.tables().items()])
 
     def __repr__(self):
         return self._repr_markdown_()
 
     def plot(self, axs=None):
-        "The key figure: PPL per exit, radial fraction (and the lemma's prediction) per loop, and ||du||*s beyond the training depth."
+        "The key figure: PPL per exit, radial fraction (and the lemma's prediction) per loop, ||du||*s beyond K."
         import matplotlib.pyplot as plt
 
         if axs is None:
@@ -690,7 +704,7 @@ class DiagnosticReport(dict):
 
 # %% ../nbs/04_diagnostics.ipynb #03206adb
 def _splits(data) -> tuple:
-    "({split: token ids}, {split: (n_bytes, n_words)}) of a `TokenData`, a dict of splits, or one array of token ids (validation)."
+    "({split: ids}, {split: (n_bytes, n_words)}) of a `TokenData`, a dict of splits, or one array of ids (validation)."
     if hasattr(data, 'validation') and hasattr(data, 'test'):
         nb, nw = getattr(data, 'n_bytes', None) or {}, getattr(data, 'n_words', None) or {}
         return {s: data.split(s) for s in ('validation', 'test')}, {
@@ -711,7 +725,8 @@ def _check_args(splits: dict, batch_size, seq_len, spec):
     for s, t in splits.items():
         if len(t) < 2 * seq_len + 1:
             raise ValueError(
-                f"The {s} split has {len(t)} tokens: too short for two windows of seq_len={seq_len}; pass more tokens or a smaller seq_len."
+                f"The {s} split has {len(t)} tokens: too short for two windows of seq_len={seq_len}; "
+                "pass more tokens or a smaller seq_len."
             )
 
 
@@ -731,27 +746,28 @@ def diagnose(
     halting_target: float = 1.01,
     subset_tokens: int = 40960,
 ) -> DiagnosticReport:
-    "Every diagnostic of a `LoopedLM` or `LoopSpec` on token ids (`TokenData`, {split: ids} or one array = validation)."
-    spec = as_spec(model)
-    if K is not None:
-        spec = dataclasses.replace(spec, K=K)
+    "Every diagnostic of a `LoopedLM` or `LoopSpec` on token ids; a part the spec cannot do is skipped with its reason."
+    spec = as_spec(model) if K is None else dataclasses.replace(as_spec(model), K=K)
     splits, units = _splits(data)
     _check_args(splits, batch_size, seq_len, spec)
     kw = dict(batch_size=batch_size, seq_len=seq_len, device=device)
     val, per = splits['validation'], batch_size * seq_len
-    sub = min(
-        max_batches or math.inf, -(-subset_tokens // per)
-    )  # norms, clamp modes, halting: the first ~40k validation tokens
-    few = min(
-        max_batches or math.inf, -(-few_tokens // per)
-    )  # float64 gradients, angles, scale, Lemma 2: the first ~8k
-    x, _ = next(iter(_batches(val, min(batch_size, 2), seq_len, 1, device)))
-    check = check_spec(spec, x)  # raises LoopSpecError on a broken spec
-    check = {k: v for k, v in check.items() if isinstance(v, (int, float, str, bool, type(None)))}
-    plain = loop_scores(
-        spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw
-    )  # one unclamped pass: halting, norms, clamp 'none'
+    sub = min(max_batches or math.inf, -(-subset_tokens // per))  # norms, clamp modes, halting: the first ~40k tokens
+    few = min(max_batches or math.inf, -(-few_tokens // per))  # float64 gradients, angles, scale, Lemma 2: ~8k
+    spec = _guarded(spec, val, seq_len, device)  # raises LoopSpecError on a broken spec
+    check = {k: v for k, v in checked_spec(spec, None).items() if isinstance(v, (int, float, str, bool, type(None)))}
+    plain = loop_scores(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw)  # halting, norms, clamp 'none'
     ce, scores, norms, _ = plain
+    rep, skipped = {}, {}
+    if why := clamp_refusal(spec):
+        skipped['clamp'] = why
+    else:
+        rep['clamp'] = clamp_modes(spec, val, max_batches=sub, ce_chunk=ce_chunk, plain=plain, **kw)
+    if check.get('steps_carry_state') is False:  # the loop does not feed the state back
+        skipped['radial objective'] = f"{IGNORED_STATE}, so the objective's gradient cannot flow through later loops"
+        skipped['lemma2'] = f"Lemma 2 is about the recurrence of the state the loop feeds back, and {IGNORED_STATE}"
+    else:
+        rep['lemma2'] = lemma2(spec, val, lemma_loops, max_batches=few, **kw)
     return DiagnosticReport(
         version=DIAG_VERSION,
         name=spec.name,
@@ -766,13 +782,13 @@ def diagnose(
         },
         norms=norm_distribution(norms.reshape(len(norms), -1)),
         radial=radial_fractions(
-            model, val, max_batches=few, loss=loss, norm_penalty=norm_penalty, ce_chunk=ce_chunk, K=K, **kw
+            spec, val, max_batches=few, loss=loss, norm_penalty=norm_penalty, ce_chunk=ce_chunk, **kw
         ),
-        angular=angular_updates(model, val, max_batches=few, K=K, **kw),
-        clamp=clamp_modes(spec, val, max_batches=sub, ce_chunk=ce_chunk, plain=plain, **kw),
+        angular=angular_updates(spec, val, max_batches=few, **kw),
         scale=scale_sensitivity(spec, val, max_batches=few, ce_chunk=ce_chunk, **kw),
-        lemma2=lemma2(spec, val, lemma_loops, max_batches=few, **kw),
         halting=adaptive_halting(ce, scores, halting_target),
+        skipped=skipped,
+        **rep,
     )
 
 # %% ../nbs/04_diagnostics.ipynb #d5646914
@@ -782,7 +798,8 @@ def matches_key(rec, key: dict) -> bool:
 
 
 def _cached(p: Path, key: dict):
-    "The report cached in `p` if it was written for `key` (version, checkpoint, batches); a damaged file is recomputed with a warning."
+    """The report cached in `p` if it was written for `key` (version, checkpoint, batches); a damaged file is
+    recomputed with a warning."""
     if not p.exists():
         return None
     try:
@@ -797,7 +814,7 @@ def _cached(p: Path, key: dict):
 
 
 def checkpoint_id(ckpt) -> str | None:
-    "The checkpoint's folder name and a hash of its weights: a retrained run with the same step count is a new checkpoint."
+    "The checkpoint's folder name and a hash of its weights: a retrained run with the same step count is a new one."
     if ckpt is None:
         return None
     return (
@@ -806,7 +823,8 @@ def checkpoint_id(ckpt) -> str | None:
 
 
 def current_report(run_dir) -> DiagnosticReport | None:
-    "The run's `diagnostics.json` if these diagnostics (`DIAG_VERSION`) wrote it for its newest checkpoint; else None (a damaged file: `RunDirError`)."
+    """The run's `diagnostics.json` if these diagnostics (`DIAG_VERSION`) wrote it for its newest checkpoint; else None
+    (a damaged file: `RunDirError`)."""
     from looped_lm.train import latest_checkpoint, read_json
 
     run_dir = Path(run_dir)

@@ -13,8 +13,9 @@ from .lemmas import radial_tangential
 from .data import eval_batches
 
 # %% auto #0
-__all__ = ['CLAMPS', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'as_spec', 'clamp_state', 'run_loops', 'token_windows',
-           'from_hooks', 'check_spec']
+__all__ = ['CLAMPS', 'IGNORED_STATE', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'as_spec', 'clamp_state', 'clamp_refusal',
+           'run_loops', 'context_layout', 'slice_context', 'token_windows', 'from_hooks', 'readout_norm_at',
+           'check_spec', 'checked_spec']
 
 # %% ../nbs/03a_protocol.ipynb #9a4b592c
 class LoopSpecError(ValueError):
@@ -34,13 +35,12 @@ class LoopSpec:
     K: int  # the trained depth
     name: str = 'model'
     state: str = ''  # what H_k is, in words (stated in every report)
-    readout_uses_k: bool = (
-        False  # True only where the readout is meant to depend on k (e.g. a norm at the final loop only)
-    )
+    readout_uses_k: bool = False  # True only where the readout is meant to depend on k (a norm at loop K only)
     no_clamp: str = ''  # non-empty: why this spec cannot be clamped (the state is not what the loop feeds back)
-    trace: Callable = (
-        None  # optional: tokens -> [H_1..H_K] as the model's own forward computes them (checked by check_spec)
-    )
+    trace: Callable = None  # optional: tokens -> [H_1..H_K] as the model's own forward computes them
+    modules: tuple = ()  # the nn.Modules the callables use: lets the diagnostics run the spec in float64
+    readout_norm: object = None  # the norm the readout applies to H_k itself (nn.RMSNorm, nn.LayerNorm, or k -> one)
+    slice_ctx: Callable = None  # optional: (context, rows) -> the context of those sequences (default: probed)
 
     def __post_init__(self):
         for n in ('init', 'step', 'readout'):
@@ -48,6 +48,9 @@ class LoopSpec:
                 raise LoopSpecError(f"LoopSpec.{n} must be callable, got {type(getattr(self, n)).__name__}.")
         if not (isinstance(self.K, int) and self.K >= 1):
             raise LoopSpecError(f"LoopSpec.K (the trained depth) must be an integer >= 1, got {self.K!r}.")
+        self.modules = (self.modules,) if isinstance(self.modules, nn.Module) else tuple(self.modules)
+        if not all(isinstance(m, nn.Module) for m in self.modules):
+            raise LoopSpecError("LoopSpec.modules must be nn.Modules (those whose weights the callables use).")
 
     def __repr__(self):
         return f"LoopSpec({self.name!r}, K={self.K}, state={self.state!r})"
@@ -71,11 +74,12 @@ def from_looped_lm(model: LoopedLM) -> LoopSpec:
     def readout(h, ctx, k):
         return model.readout(h, k)
 
-    fed = (
-        'each token divided by its RMS (internorm) before the next loop'
-        if c.recurrence == 'internorm'
-        else 'fed back as is'
-    )
+    def readout_norm(k):  # `LoopedLM.readout_input`: out_norm at every loop, or at loop K only (final_norm)
+        if c.readout in ('rmsnorm', 'layernorm') or (c.readout == 'final_norm' and k == c.K):
+            return model.out_norm
+
+    internorm = c.recurrence == 'internorm'
+    fed = 'each token divided by its RMS (internorm) before the next loop' if internorm else 'fed back as is'
     return LoopSpec(
         init,
         step,
@@ -85,11 +89,13 @@ def from_looped_lm(model: LoopedLM) -> LoopSpec:
         state=f"the residual stream after loop k (output of the shared stack), before the readout norm; {fed}",
         readout_uses_k=c.readout == 'final_norm',
         trace=lambda tokens: model(tokens.to(_device(model))).hidden,
+        modules=(model,),
+        readout_norm=readout_norm,
     )
 
 
 def as_spec(model_or_spec) -> LoopSpec:
-    "A `LoopSpec` as is; a `LoopedLM` (also compiled or DDP-wrapped) through `from_looped_lm`; anything else is refused with the fix."
+    "A `LoopSpec` as is; a `LoopedLM` (also compiled or DDP-wrapped) through `from_looped_lm`; else refused."
     if isinstance(model_or_spec, LoopSpec):
         return model_or_spec
     inner = getattr(model_or_spec, '_orig_mod', None) or getattr(model_or_spec, 'module', None)
@@ -108,7 +114,7 @@ def _rms64(h):
 
 
 def clamp_state(h: torch.Tensor, mode: str, prev: torch.Tensor = None, rms1: torch.Tensor = None) -> torch.Tensor:
-    "`h` under the clamp `mode` (see `CLAMPS`), given the previous clamped state `prev` and the loop-1 per-token RMS `rms1`."
+    "`h` under the clamp `mode` (see `CLAMPS`), given the previous clamped state `prev` and the loop-1 RMS `rms1`."
     if mode not in CLAMPS:
         raise LoopSpecError(f"Unknown clamp {mode!r}; choose one of {', '.join(CLAMPS)}.")
     if mode == 'none' or prev is None:
@@ -131,15 +137,30 @@ def _as_tokens(tokens) -> torch.Tensor:
     return t.long()
 
 
+def _memo(spec: LoopSpec) -> dict:
+    "What was measured once about this spec object (its verdict, its context layout); emptied if a field changed."
+    fields = tuple(getattr(spec, f) for f in spec.__dataclass_fields__)
+    old = spec.__dict__.get('_memo')
+    if old is None or len(old[0]) != len(fields) or any(a is not b for a, b in zip(old[0], fields)):
+        spec.__dict__['_memo'] = old = (fields, {})
+    return old[1]
+
+
+def clamp_refusal(spec) -> str:
+    "Why `spec` cannot be clamped ('' if it can): its `no_clamp`, or what its check found (a step that ignores H)."
+    spec = as_spec(spec)
+    return spec.no_clamp or _memo(spec).get('verdict', {}).get('no_clamp', '')
+
+# %% ../nbs/03a_protocol.ipynb #d96efce9
 def run_loops(spec, tokens, k: int, clamp: str = 'none', grad: bool = False) -> tuple:
-    "([H_1, ..., H_k], context): `k` loops of `spec` (any k >= 1, also beyond K), `clamp` applied to each H_k after its step."
+    "([H_1, ..., H_k], context): `k` loops of `spec` (any k >= 1, also beyond K), `clamp` applied to each H_k."
     spec = as_spec(spec)
     if not (isinstance(k, (int, np.integer)) and k >= 1):
         raise LoopSpecError(f"k must be an integer number of loops >= 1, got {k!r}.")
     if clamp not in CLAMPS:
         raise LoopSpecError(f"Unknown clamp {clamp!r}; choose one of {', '.join(CLAMPS)}.")
-    if clamp != 'none' and spec.no_clamp:
-        raise LoopSpecError(f"{spec.name} cannot be clamped: {spec.no_clamp}")
+    if clamp != 'none' and (why := clamp_refusal(spec)):
+        raise LoopSpecError(f"{spec.name} cannot be clamped: {why}")
     tokens = _as_tokens(tokens)
     with torch.set_grad_enabled(grad):
         h, ctx = spec.init(tokens)
@@ -158,9 +179,71 @@ def run_loops(spec, tokens, k: int, clamp: str = 'none', grad: bool = False) -> 
             hidden.append(h)
     return hidden, ctx
 
+# %% ../nbs/03a_protocol.ipynb #b3f4c22c
+def _leaves(ctx) -> list:
+    "The tensors of a context (nested tuples, lists and dicts), in the order `slice_context` visits them."
+    if isinstance(ctx, torch.Tensor):
+        return [ctx]
+    if isinstance(ctx, dict):
+        return [t for v in ctx.values() for t in _leaves(v)]
+    if isinstance(ctx, (list, tuple)):
+        return [t for v in ctx for t in _leaves(v)]
+    return []
+
+
+def context_layout(spec, seq_len: int, device='cpu') -> list:
+    "Per context tensor (in `_leaves` order): True if it has one row per sequence (probed once per spec), else shared."
+    spec, memo = as_spec(spec), _memo(as_spec(spec))
+    if 'layout' not in memo:
+        with torch.no_grad():
+            two, one = (_leaves(spec.init(torch.zeros(b, seq_len, dtype=torch.long, device=device))[1]) for b in (2, 1))
+        if len(two) != len(one):
+            raise LoopSpecError(
+                f"{spec.name}: the context holds {len(two)} tensors for 2 sequences and {len(one)} "
+                "for 1; pass LoopSpec(slice_ctx=...) to say how to take some sequences' context."
+            )
+        memo['layout'] = []
+        for i, (a, b) in enumerate(zip(two, one)):
+            rows = a.dim() > 0 and (a.shape[0], b.shape[0]) == (2, 1) and a.shape[1:] == b.shape[1:]
+            if a.shape != b.shape and not rows:
+                raise LoopSpecError(
+                    f"{spec.name}: context tensor {i} has shape {tuple(a.shape)} for 2 sequences and "
+                    f"{tuple(b.shape)} for 1 — it follows the batch, but not along its first dimension; pass "
+                    "LoopSpec(slice_ctx=(ctx, rows) -> ctx) to say how to take some sequences' context."
+                )
+            memo['layout'].append(bool(rows))
+    return memo['layout']
+
+
+def slice_context(spec, ctx, rows, like: torch.Tensor):
+    "The context of the sequences `rows` (slice or bool mask) of the batch whose states are `like` (B, T, ...)."
+    spec = as_spec(spec)
+    if spec.slice_ctx is not None:
+        return spec.slice_ctx(ctx, rows)
+    layout = context_layout(spec, like.shape[1], like.device)
+    if len(_leaves(ctx)) != len(layout):
+        raise LoopSpecError(
+            f"{spec.name}: the context holds {len(_leaves(ctx))} tensors, not the {len(layout)} its probe found; "
+            "pass LoopSpec(slice_ctx=(ctx, rows) -> ctx)."
+        )
+    per_seq = iter(layout)
+
+    def take(c):
+        if isinstance(c, torch.Tensor):
+            return c[rows] if next(per_seq) else c
+        if isinstance(c, dict):
+            return {k: take(v) for k, v in c.items()}
+        if isinstance(c, (list, tuple)):
+            vals = [take(v) for v in c]
+            return type(c)(*vals) if hasattr(c, '_fields') else type(c)(vals)
+        return c
+
+    return take(ctx)
+
 # %% ../nbs/03a_protocol.ipynb #e667ca5e
 def token_windows(ids, seq_len: int, batch_size: int, max_batches: int = None, device='cpu'):
-    "(x, y) batches of every consecutive window of `seq_len` tokens of the 1-D ids `ids` (tensor, array or list; y = x shifted by one): `data.eval_batches` on plain ids, the last batch possibly smaller."
+    """(x, y) batches of every consecutive window of `seq_len` tokens of the 1-D ids `ids` (tensor, array or list;
+    y = x shifted by one): `data.eval_batches` on plain ids, the last batch possibly smaller."""
     ids = (ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)).reshape(-1)
     if seq_len < 1 or batch_size < 1:
         raise LoopSpecError(f"seq_len and batch_size must be >= 1, got {seq_len} and {batch_size}.")
@@ -183,45 +266,54 @@ def _state_of(out, select, name):
         out = out[0]
     if not isinstance(out, torch.Tensor):
         raise LoopSpecError(
-            f"{name}: the loop module returned a {type(out).__name__}, not a tensor; pass select=lambda out: ... to pick the state."
+            f"{name}: the loop module returned a {type(out).__name__}, not a tensor; "
+            "pass select=lambda out: ... to pick the state."
         )
     return out
 
 
-def _first_call(model, loop_module, tokens, forward_kwargs, name):
-    "(state, other args, kwargs) of the loop module's first call in model(tokens); the forward stops there."
-    got = {}
+def _first_calls(model, mods, tokens, forward_kwargs, name):
+    "(state, [(other args, kwargs) of each loop module's first call]) in model(tokens); the forward stops at the last."
+    got = [None] * len(mods)
 
-    def pre(mod, args, kwargs):
-        got.update(args=args, kwargs=kwargs)
-        raise _Stop
+    def pre(i, args, kwargs):
+        got[i] = got[i] or (args, kwargs)
+        if i == len(mods) - 1:
+            raise _Stop
 
-    hook = loop_module.register_forward_pre_hook(pre, with_kwargs=True)
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, a, kw, i=i: pre(i, a, kw), with_kwargs=True) for i, m in enumerate(mods)
+    ]
     try:
         model(tokens, **forward_kwargs)
     except _Stop:
         pass
     finally:
-        hook.remove()
-    if not got:
+        for hook in hooks:
+            hook.remove()
+    if None in got:
         raise LoopSpecError(
-            f"{name}: the loop module was never called by the forward; pass the submodule the forward runs once per loop."
+            f"{name}: loop module {got.index(None)} was never called by the forward; "
+            "pass the submodule(s) the forward runs once per loop, in the order it calls them."
         )
-    if not (got['args'] and isinstance(got['args'][0], torch.Tensor)):
+    if not all(args and isinstance(args[0], torch.Tensor) for args, _ in got):
         raise LoopSpecError(
-            f"{name}: the loop module's first positional argument must be the state tensor; pass embed=... or write a LoopSpec."
+            f"{name}: the loop module's first positional argument must be the state tensor; "
+            "pass embed=... or write a LoopSpec."
         )
-    return got['args'][0], got['args'][1:], got['kwargs']
+    return got[0][0][0], [(args[1:], kwargs) for args, kwargs in got]
 
 
 def _check_count(n, K, name, what):
     if n == K:
         return
     hint = (
-        "one more than K: Hugging Face-style hidden states put the embedding output first, which would shift every loop label "
+        "one more than K: Hugging Face-style hidden states put the embedding output first, which would shift "
+        "every loop label "
         "by one — drop it, e.g. states=lambda out: out.hidden_states[1:]"
         if n == K + 1
-        else "the forward did not run K loops — pass forward_kwargs that make it run K (e.g. dict(num_steps=K)), or fix K"
+        else "the forward did not run K loops — pass forward_kwargs that make it run K (e.g. dict(num_steps=K)), "
+        "or fix K"
     )
     raise LoopSpecError(f"{name}: {what} gave {n} states for K={K}: {hint}.")
 
@@ -239,12 +331,17 @@ def from_hooks(
     state: str = '',
     name: str = None,
 ) -> LoopSpec:
-    "A `LoopSpec` for `model` from its per-loop submodule `loop_module` (first argument: the state; output: the next state)."
+    "A `LoopSpec` for `model` from its per-loop submodule(s) `loop_module` (first argument: the state, output: next)."
     fk, name = dict(forward_kwargs or {}), name or type(model).__name__
-    if states is None and not isinstance(loop_module, nn.Module):
+    several = isinstance(loop_module, (list, tuple, nn.ModuleList))  # a loop body of several modules, in call order
+    mods = list(loop_module) if several else [loop_module]
+    if states is None and not (mods and all(isinstance(m, nn.Module) for m in mods)):
         raise LoopSpecError(
-            f"{name}: loop_module must be the nn.Module the forward runs once per loop (or pass states=...)."
+            f"{name}: loop_module must be the nn.Module the forward runs once per loop, or a list of the modules "
+            "it runs in turn once per loop (or pass states=...)."
         )
+    if embed is not None and len(mods) > 1:
+        raise LoopSpecError(f"{name}: embed= serves a single loop module; with several, let the forward find H_0.")
 
     def on_device(t):
         return t.to(_device(model))
@@ -254,7 +351,7 @@ def from_hooks(
             hs = list(states(model(on_device(tokens), **fk)))
         else:
             hs = []
-            hook = loop_module.register_forward_hook(lambda mod, args, out: hs.append(_state_of(out, select, name)))
+            hook = mods[-1].register_forward_hook(lambda mod, args, out: hs.append(_state_of(out, select, name)))
             try:
                 model(on_device(tokens), **fk)
             finally:
@@ -278,8 +375,10 @@ def from_hooks(
             return ctx['states'][k - 1]
 
         why = (
-            "its states were recorded from one forward pass, so a clamped state would never reach the next loop and the clamp "
-            "would silently change nothing; use from_hooks(..., steppable=True) with the module that receives the state, or a LoopSpec."
+            "its states were recorded from one forward pass, so a clamped state would never reach the next loop "
+            "and the clamp "
+            "would silently change nothing; use from_hooks(..., steppable=True) with the module that receives the "
+            "state, or a LoopSpec."
         )
         return LoopSpec(
             init,
@@ -290,18 +389,28 @@ def from_hooks(
             state or f"the recorded output of loop k of {name}'s own forward",
             no_clamp=why,
             trace=trace,
+            modules=(model,),
         )
 
     def init(tokens):
-        h0, args, kwargs = (
-            embed(on_device(tokens))
-            if embed is not None
-            else _first_call(model, loop_module, on_device(tokens), fk, name)
-        )
-        return h0, dict(args=tuple(args), kwargs=dict(kwargs))
+        if embed is None:
+            h0, calls = _first_calls(model, mods, on_device(tokens), fk, name)
+        else:
+            h0, args, kwargs = embed(on_device(tokens))
+            calls = [(args, kwargs)]
+        return h0, dict(calls=[(tuple(args), dict(kwargs)) for args, kwargs in calls])
 
     def step(h, ctx, k):
-        return _state_of(loop_module(h, *ctx['args'], **ctx['kwargs']), select, name)
+        out = h
+        for mod, (args, kwargs) in zip(mods, ctx['calls']):
+            out = _state_of(mod(out, *args, **kwargs), select, name)
+        if out.shape != h.shape:
+            raise LoopSpecError(
+                f"{name}: the loop module maps a state of shape {tuple(h.shape)} to one of shape {tuple(out.shape)}: "
+                "its first argument is not the state it returns; hook the module that takes the state first and "
+                "returns the next state, or pass embed=..., or write a LoopSpec."
+            )
+        return out
 
     return LoopSpec(
         init,
@@ -309,8 +418,9 @@ def from_hooks(
         readout,
         K,
         name,
-        state or f"the output of {type(loop_module).__name__} at loop k, which its next call receives",
+        state or f"the output of {type(mods[-1]).__name__} at loop k, which the next loop receives",
         trace=trace,
+        modules=(model,),
     )
 
 # %% ../nbs/03a_protocol.ipynb #6c20c4a5
@@ -326,6 +436,11 @@ def _depends(out, inp) -> bool:
     )
 
 
+def _rel_diff(a, b) -> float:
+    "Relative L2 difference of two tensors, in float64."
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
+
+
 def _scale_answer(scale, tol):
     base = next(r['ce'] for r in scale if r['alpha'] == 1.0)
     d = max(abs(r['ce'] - base) for r in scale)
@@ -336,15 +451,151 @@ def _scale_answer(scale, tol):
     )
 
 
+def readout_norm_at(spec, k: int, dtype=torch.float32):
+    "('rmsnorm' | 'layernorm', eps) of the norm the readout applies to H_k itself at loop `k` (`spec.readout_norm`)."
+    n = spec.readout_norm
+    n = n(k) if callable(n) and not isinstance(n, nn.Module) else n
+    if n is None:
+        return None
+    if isinstance(n, nn.RMSNorm):
+        return 'rmsnorm', n.eps if n.eps is not None else torch.finfo(dtype).eps
+    if isinstance(n, nn.LayerNorm):
+        return 'layernorm', n.eps
+    if isinstance(n, tuple) and len(n) == 2 and n[0] in ('rmsnorm', 'layernorm'):
+        return n[0], float(n[1])
+    raise LoopSpecError(
+        f"{spec.name}: readout_norm must be an nn.RMSNorm or nn.LayerNorm, ('rmsnorm' | 'layernorm', eps), "
+        f"or k -> one of those (None where the readout does not normalize H_k), got {type(n).__name__}."
+    )
+
+# %% ../nbs/03a_protocol.ipynb #e1360aae
+def _hf_shifted(ctx, h1, K) -> bool:
+    "Whether step 1 returned the first of K+1 states held in the context (Hugging Face hidden states: embedding first)."
+    if isinstance(ctx, dict):
+        return any(_hf_shifted(v, h1, K) for v in ctx.values())
+    if isinstance(ctx, (list, tuple)):
+        if len(ctx) == K + 1 and all(isinstance(t, torch.Tensor) and t.shape == h1.shape for t in ctx):
+            return torch.equal(ctx[0], h1)
+        return any(_hf_shifted(v, h1, K) for v in ctx)
+    return False
+
+
+def _step_probe(spec, x) -> dict:
+    "How step 2 treats its input, each time on a fresh run: does it ignore it, is it differentiable in it."
+    with torch.no_grad():
+        runs = []
+        for push in (0.0, 1.0):  # the same H_1, then H_1 plus noise of its own size
+            h0, ctx = spec.init(x)
+            h1 = spec.step(h0, ctx, 1)
+            if not runs and _hf_shifted(ctx, h1, spec.K):
+                raise LoopSpecError(
+                    f"{spec.name}: step 1 returns the first of the {spec.K + 1} states held in the context — "
+                    "Hugging Face-style hidden states put the embedding output first, which shifts every loop label "
+                    "by one (exit 1 would be the embedding's CE); drop it (hidden_states[1:]), or return states[k] "
+                    "with states[0] as H_0."
+                )
+            noise = torch.randn(h1.shape, generator=torch.Generator().manual_seed(0)).to(h1)
+            runs.append(spec.step(h1 + push * (h1.abs().mean() + 1e-3) * noise, ctx, 2))
+    res = dict(ignores_state=torch.equal(*runs), differentiable=None)
+    if not res['ignores_state']:
+        with torch.enable_grad():
+            h0, ctx = spec.init(x)
+            h1 = spec.step(h0, ctx, 1).detach().requires_grad_()
+            res['differentiable'] = _depends(spec.step(h1, ctx, 2), h1)
+    return res
+
+# %% ../nbs/03a_protocol.ipynb #1f2eb372
+IGNORED_STATE = (
+    "its step ignores the state it is given (the loop feeds back something else: a tensor kept in the context, or "
+    "states recorded from one forward pass)"
+)
+
+
+def _check_states(spec, x, hs, res):
+    "The checks on the states of one run: the model's own forward, identical states, the step's use of its input."
+    K = spec.K
+    if spec.trace is not None:
+        with torch.no_grad():
+            tr = spec.trace(x)
+        # (a from_hooks trace checks its count itself; with K replaced, the states both have are compared)
+        res['forward_rel_diff'] = max(_rel_diff(a, b) for a, b in zip(hs, tr))
+        if res['forward_rel_diff'] > 1e-4:
+            raise LoopSpecError(
+                f"{spec.name}: the steps do not reproduce the model's own forward (relative difference "
+                f"{res['forward_rel_diff']:.2g}): the loop module's other inputs change between loops, its first "
+                "argument is not the state, step feeds a different tensor than the forward, or the model is in "
+                "training mode with dropout (call model.eval())."
+            )
+    if K > 1 and all(torch.equal(hs[0], h) for h in hs[1:]):
+        raise LoopSpecError(
+            f"{spec.name}: all {K} states are identical — the step ignores its input state and depth (e.g. an adapter "
+            "whose forward ignores exit_k/num_steps and reruns the whole model); every exit would report the same CE."
+        )
+    probe = _step_probe(spec, x) if K > 1 else dict(ignores_state=None, differentiable=None)
+    res['steps_carry_state'] = None if K == 1 else not probe['ignores_state']
+    res['steps_differentiable'] = probe['differentiable']
+    clamp_lost = ", so a clamped state would never reach the next loop and every clamp would report an effect of 0"
+    fix = "; describe the fed-back tensor as the state, or say why in LoopSpec(no_clamp=...)."
+    res['no_clamp'] = spec.no_clamp or (IGNORED_STATE + clamp_lost + fix if probe['ignores_state'] else '')
+    if probe['differentiable'] is False:
+        raise LoopSpecError(
+            f"{spec.name}: step 2 uses its input state but is not differentiable in it (no_grad or detach inside "
+            "step); the objective's radial fraction needs gradients through later loops."
+        )
+
+# %% ../nbs/03a_protocol.ipynb #75fed861
+def _check_rows(spec, hs, ctx, res):
+    "One sequence's readout (and step) with its sliced context must equal its row of the whole batch's."
+    if hs[0].shape[0] < 2:
+        return
+    K, rows = spec.K, slice(0, 1)
+    part = slice_context(spec, ctx, rows, hs[-1])
+    with torch.no_grad():
+        d = _rel_diff(spec.readout(hs[-1][rows], part, K), spec.readout(hs[-1], ctx, K)[rows])
+        if res['steps_carry_state'] and K > 1:
+            d = max(d, _rel_diff(spec.step(hs[-2][rows], part, K), hs[-1][rows]))
+    res['slice_rel_diff'] = d
+    if d > 1e-4:
+        raise LoopSpecError(
+            f"{spec.name}: one sequence run with its part of the context differs from its row of the whole batch "
+            f"(relative difference {d:.2g}): the context holds per-sequence data the probe cannot see (not a tensor "
+            "with the batch first), or the callables mix sequences; pass LoopSpec(slice_ctx=(ctx, rows) -> ctx)."
+        )
+
+# %% ../nbs/03a_protocol.ipynb #8235fcef
+def _check_readout(spec, hs, ctx, y, res):
+    "The readout: its dependence on k, its gradient in the state, and the float64 CE of H_K scaled."
+    K = spec.K
+    with torch.no_grad():
+        ref = spec.readout(hs[-1], ctx, K)
+        res['readout_uses_k'] = any(not torch.equal(spec.readout(hs[-1], ctx, k), ref) for k in range(1, K))
+    if res['readout_uses_k'] and not spec.readout_uses_k:
+        raise LoopSpecError(
+            f"{spec.name}: the readout of the same state changes with k, but the spec says it does not; set "
+            "readout_uses_k=True if that is meant (e.g. a norm at the final loop only), else make readout ignore k."
+        )
+    with torch.enable_grad():
+        h = hs[-1].detach().requires_grad_()
+        logits = spec.readout(h, ctx, K)
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1).to(h.device))
+        if not _depends(ce, h):
+            raise LoopSpecError(
+                f"{spec.name}: the readout's CE does not depend differentiably on the state (no_grad or detach "
+                "inside readout); radial fractions need d CE / d H_k."
+            )
+        del logits, ce
+    with torch.no_grad():
+        res['scale'] = [dict(alpha=a, ce=_ce64(spec.readout(a * hs[-1], ctx, K), y)) for a in (0.5, 1.0, 2.0)]
+        res['ce'] = [_ce64(spec.readout(h, ctx, k), y) for k, h in enumerate(hs, 1)]
+
+# %% ../nbs/03a_protocol.ipynb #43a40b1c
 def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
     "Run `spec` on `tokens` and raise `LoopSpecError` for the silent mistakes; return what was measured (see above)."
     spec = as_spec(spec)
     x = _as_tokens(tokens)
     if targets is None:
         if x.shape[1] < 2:
-            raise LoopSpecError(
-                "check_spec needs sequences of >= 2 tokens (targets are the next tokens), or targets=..."
-            )
+            raise LoopSpecError("check_spec needs sequences of >= 2 tokens (targets are the next tokens), or targets=")
         x, y = x[:, :-1], x[:, 1:]
     else:
         y = _as_tokens(targets)
@@ -355,54 +606,29 @@ def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
         )
     K, res = spec.K, dict(name=spec.name, state=spec.state, K=spec.K)
     hs, ctx = run_loops(spec, x, K)
-    if spec.trace is not None:
-        with torch.no_grad():
-            tr = spec.trace(x)
-        # (a from_hooks trace checks its count itself; with K replaced, the states both have are compared)
-        diff = max(
-            ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item() for a, b in zip(hs, tr)
-        )
-        if diff > 1e-4:
-            raise LoopSpecError(
-                f"{spec.name}: the steps do not reproduce the model's own forward (relative difference {diff:.2g}): "
-                "the loop module's other inputs change between loops, step feeds a different tensor than the forward, "
-                "or the model is in training mode with dropout (call model.eval())."
-            )
-        res['forward_rel_diff'] = diff
-    if K > 1 and all(torch.equal(hs[0], h) for h in hs[1:]):
-        raise LoopSpecError(
-            f"{spec.name}: all {K} states are identical — the step ignores its input state and depth (e.g. an adapter whose "
-            "forward ignores exit_k/num_steps and reruns the whole model); every exit would report the same CE."
-        )
-    with torch.no_grad():
-        outs = [spec.readout(hs[-1], ctx, k) for k in range(1, K + 1)]
-    res['readout_uses_k'] = any(not torch.equal(o, outs[-1]) for o in outs)
-    if res['readout_uses_k'] and not spec.readout_uses_k:
-        raise LoopSpecError(
-            f"{spec.name}: the readout of the same state changes with k, but the spec says it does not; set "
-            "readout_uses_k=True if that is meant (e.g. a norm at the final loop only), else make readout ignore k."
-        )
-    with torch.enable_grad():
-        h = hs[-1].detach().requires_grad_()
-        ce = F.cross_entropy(
-            spec.readout(h, ctx, K).float().reshape(-1, outs[-1].shape[-1]), y.reshape(-1).to(h.device)
-        )
-        if not _depends(ce, h):
-            raise LoopSpecError(
-                f"{spec.name}: the readout's CE does not depend differentiably on the state (no_grad or detach "
-                "inside readout); radial fractions need d CE / d H_k."
-            )
-        res['steps_differentiable'] = None
-        if not spec.no_clamp and K > 1:
-            h1 = hs[0].detach().requires_grad_()
-            res['steps_differentiable'] = _depends(spec.step(h1, ctx, 2), h1)
-            if not res['steps_differentiable']:
-                raise LoopSpecError(
-                    f"{spec.name}: step 2 is not differentiable in its input state (no_grad or "
-                    "detach inside step); the objective's radial fraction needs gradients through later loops."
-                )
-    with torch.no_grad():
-        res['scale'] = [dict(alpha=a, ce=_ce64(spec.readout(a * hs[-1], ctx, K), y)) for a in (0.5, 1.0, 2.0)]
-        res['ce'] = [_ce64(spec.readout(h, ctx, k), y) for k, h in enumerate(hs, 1)]
+    _check_states(spec, x, hs, res)
+    _check_rows(spec, hs, ctx, res)
+    _check_readout(spec, hs, ctx, y, res)
     res['scale_invariant'], res['answer'] = _scale_answer(res['scale'], scale_tol)
+    if readout_norm_at(spec, K) and not res['scale_invariant']:
+        raise LoopSpecError(
+            f"{spec.name}: readout_norm says the readout normalizes H_K, but it is not scale-invariant "
+            f"({res['answer']}); the lemma's prediction would be wrong — set readout_norm only where the norm is "
+            "applied to the state itself."
+        )
+    _memo(spec)['verdict'] = res
     return res
+
+
+def checked_spec(spec, tokens, targets=None) -> dict:
+    "`check_spec`'s verdict, measured once per spec object (a refusal is raised again): the guard of every diagnostic."
+    spec, memo = as_spec(spec), _memo(as_spec(spec))
+    if 'refused' in memo:
+        raise LoopSpecError(memo['refused'])
+    if 'verdict' not in memo:
+        try:
+            check_spec(spec, tokens, targets)
+        except LoopSpecError as e:
+            memo['refused'] = str(e)
+            raise
+    return memo['verdict']
