@@ -1,0 +1,163 @@
+"""The study's fan-out through submitit (`looped_lm.jobs`).
+
+- the plan of the paper-exact study (2 presets x 7 official conditions x 3 seeds = 42 runs) prints without a GPU,
+  from the throughput measured in benchmarks/results/gpu.json; a plan knows done, paused and new runs;
+- the token data is prepared once, and a job only reads it (a job that cannot see it stops with the fix);
+- local jobs of `ablation._run_one`: a job that fails for good is reported, the others finish;
+- a job preempted mid-run the way SLURM does it (USR2 to its task) is requeued by submitit and ends with weights,
+  optimizer state and metrics identical to a run that was never interrupted;
+- the SLURM executor's sbatch script carries the GPUs, partition, time limit and the USR2 warning; bad input is
+  refused before anything is prepared or submitted.
+"""
+
+import re, shutil
+from pathlib import Path
+from unittest import mock
+import pytest
+import looped_lm.jobs as J
+from looped_lm.ablation import VARIANTS, GROUPS, run_dir_of, _run_one
+from looped_lm.config import ConfigError, load_preset
+from looped_lm.train import train, run_status, latest_checkpoint
+from _util import assert_same_run
+
+SMOKE = load_preset('smoke')
+
+
+def study_jobs(preset, variants, out_dir, seeds=None, **overrides) -> list:
+    "Job dicts as `run_ablation` builds them for `_run_one` (without the token arrays)."
+    cfg = load_preset(preset, **overrides)
+    runs = [(v, s) for v in variants for s in (seeds or cfg.seed_list)]
+    return [
+        dict(
+            label=f"{v} seed {s}",
+            head=f"[{i + 1}/{len(runs)}] {v} seed {s}",
+            variant=v,
+            seed=s,
+            cfg=VARIANTS[v].config(cfg).replace(seed=s),
+            run_dir=run_dir_of(out_dir, v, s),
+            data_dir=None,
+            device='cpu',
+            max_eval_batches=1,
+            progress=False,
+        )
+        for i, (v, s) in enumerate(runs)
+    ]
+
+
+def test_plan_of_the_paper_exact_study(tmp_path, capsys):
+    jobs = [j for p in ('paper-exact-44m', 'paper-exact-129m') for j in study_jobs(p, GROUPS['official'], tmp_path / p)]
+    plan = J.plan_study(jobs)
+    t = plan.table
+    assert len(t) == 42 and len(plan.to_submit) == 42 and (t.state == 'new').all() and t.submit.all()
+    assert t.speed.str.startswith('measured').all() and t.peak_gib.notna().all()
+    hours = t.groupby('preset').gpu_h.sum()
+    assert 30 < hours['paper-exact-44m'] < 45 < hours['paper-exact-129m'] < 100  # about 37 and 83 on one H200
+    per_loss = t[t.preset == 'paper-exact-44m'].groupby(t.run.str.startswith('perloop')).gpu_h.max()
+    assert per_loss[True] > per_loss[False]  # K readouts cost more than one
+    print(plan)
+    out = capsys.readouterr().out
+    assert 'perloop-penalty-seed202' in out and '42 runs: 0 done, 42 to submit' in out and 'NVIDIA H200' in out
+
+
+def test_plan_knows_done_paused_and_new_runs(tmp_path, smoke_data):
+    jobs = study_jobs('smoke', ['terminal-rmsnorm', 'perloop-rmsnorm', 'perloop-raw'], tmp_path, seeds=[0])
+    train(jobs[0]['cfg'], jobs[0]['run_dir'], data=smoke_data, progress=False)
+    train(
+        jobs[1]['cfg'], jobs[1]['run_dir'], data=smoke_data, progress=False, max_steps=60
+    )  # paused, with a checkpoint
+    plan = J.plan_study(jobs)
+    assert list(plan.table.state) == ['done', 'resumes at 60', 'new']
+    assert list(plan.table.steps_left) == [0, SMOKE.steps - 60, SMOKE.steps]
+    assert [j['variant'] for j in plan.to_submit] == ['perloop-rmsnorm', 'perloop-raw']
+    assert list(plan.table.submit) == [False, True, True]
+    assert plan.table.speed.str.startswith('extrapolated from').all() and plan.table.peak_gib.isna().all()
+    with pytest.raises(ConfigError, match='gpu_check.sh'):
+        J.plan_study(jobs, bench=tmp_path / 'missing.json')
+
+
+def test_data_is_prepared_once_and_only_read(tmp_path, smoke_data):
+    jobs = study_jobs('smoke', ['perloop-rmsnorm', 'perloop-raw'], tmp_path, seeds=[0, 1])
+    with mock.patch.object(J, 'prepare_data', wraps=J.prepare_data) as prep:
+        prepared = J.prepare_once(jobs, verbose=False)
+    assert prep.call_count == 1 and len(prepared) == 1  # four runs, one recipe
+    rec = prepared[J.data_key(SMOKE)]
+    data = J.read_prepared(SMOKE, rec)
+    assert data.fingerprint == smoke_data.fingerprint and data.built == () and not data.tokenizer_trained
+    gone = dict(rec, files=[str(tmp_path / 'not-shared' / 'train.bin')])
+    with pytest.raises(J.DataNotReady, match='shared'):
+        J.read_prepared(SMOKE, gone)
+
+
+def test_bad_input_is_refused_before_any_work(tmp_path):
+    jobs = study_jobs('smoke', ['perloop-rmsnorm'], tmp_path, seeds=[0])
+    with mock.patch.object(J, 'prepare_once', side_effect=AssertionError('prepared before checking')):
+        for kw, match in [
+            (dict(fn=lambda job: 'done'), 'module-level'),
+            (dict(executor='pbs'), 'one of local, slurm, debug'),
+            (dict(gpus_per_job=-1), 'gpus_per_job'),
+            (dict(timeout_min=0), 'timeout_min'),
+            (dict(jobs=jobs + jobs), 'twice'),
+            (dict(jobs=[dict(run_dir='x')]), "ExperimentConfig 'cfg'"),
+        ]:
+            with pytest.raises(ConfigError, match=match):
+                J.run_jobs(**dict(dict(fn=_run_one, jobs=jobs, folder=tmp_path / 'jobs'), **kw))
+        if shutil.which('sbatch') is None:
+            with pytest.raises(ConfigError, match='sbatch'):
+                J.run_jobs(_run_one, jobs, 'slurm', folder=tmp_path / 'jobs')
+
+
+def test_slurm_script(tmp_path):
+    with mock.patch('shutil.which', return_value='/usr/bin/sbatch'):
+        ex = J.make_executor(
+            'slurm', tmp_path, gpus_per_job=2, timeout_min=720, partition='h200', slurm_options=dict(mem='64GB')
+        )
+    lines = ex._make_submission_file_text('python -m job', 'uid').splitlines()
+    flags = {line.split()[1] for line in lines if line.startswith('#SBATCH')}
+    assert {'--gpus-per-node=2', '--partition=h200', '--time=720', '--signal=USR2@90', '--mem=64GB'} <= flags
+
+
+def test_a_failed_job_is_reported_and_the_others_finish(tmp_path, smoke_data):
+    jobs = study_jobs('smoke', ['perloop-rmsnorm', 'perloop-raw'], tmp_path / 'study', seeds=[0])
+    Path(jobs[0]['run_dir']).parent.mkdir(parents=True)
+    Path(jobs[0]['run_dir']).write_text('a file where the run folder should be')
+    out = J.run_jobs(
+        _run_one, jobs, 'local', folder=tmp_path / 'jobs', gpus_per_job=0, timeout_min=10, max_parallel=2, poll_s=0.2
+    )
+    assert [o.state for o in out] == ['failed', 'done'] and [o.name for o in out] == [
+        'perloop-rmsnorm-seed0',
+        'perloop-raw-seed0',
+    ]
+    assert 'RunDirError' in out[0].error and 'Cannot write to the run directory' in out[0].error
+    assert out[0].stderr.is_file() and 'RunDirError' in out[0].stderr.read_text()
+    assert (
+        run_status(jobs[1]['run_dir'])['state'] == 'done' and (Path(jobs[1]['run_dir']) / 'diagnostics.json').exists()
+    )
+
+
+def test_a_preempted_job_resumes_to_identical_weights(tmp_path, smoke_data):
+    "SLURM preempts by sending the job's task USR2; submitit requeues it; it resumes from its last checkpoint."
+    ov = dict(train_tokens=SMOKE.train_tokens * 2, ckpt_every=10)  # 192 steps, a checkpoint every 10
+    job = study_jobs('smoke', ['perloop-rmsnorm'], tmp_path / 'study', seeds=[0], **ov)[0]
+    prepared = J.prepare_once([job], verbose=False)
+    ex = J.make_executor('local', tmp_path / 'jobs', gpus_per_job=0, timeout_min=60)  # USR2 before 48 min: preempted
+    sub = ex.submit(J.StudyJob(_run_one, job, prepared[J.data_key(job['cfg'])]))
+    J.wait_for(lambda: latest_checkpoint(job['run_dir']) is not None or sub.done())
+    assert not sub.done(), f'the job ended before its first checkpoint was seen: {sub.stderr()}'
+    assert J.preempt(sub)
+    outcome = J.outcome(job, sub)
+    assert outcome.state == 'done', outcome.error
+    log = sub.stdout()
+    resumed = re.findall(r'requeued to resume from ckpt-(\d+)', log)
+    assert len(resumed) == 1 and 0 < int(resumed[0]) < job['cfg'].steps and log.count('starting on') == 2, log
+    assert 'this job is preempted' in sub.stderr()  # submitit's handler saw a preemption, not a time-out
+    reference = tmp_path / 'uninterrupted'
+    train(job['cfg'], reference, data=smoke_data, progress=False)
+    assert_same_run(job['run_dir'], reference)  # every weight and optimizer tensor (torch.equal), every record
+
+
+@pytest.mark.skipif(shutil.which('sbatch') is None, reason='needs a SLURM cluster (sbatch on PATH)')
+def test_slurm_jobs(tmp_path, smoke_data):
+    "On a SLURM login node: two smoke runs as a job array, on CPU nodes (set LOOPED_LM_CACHE to a shared folder)."
+    jobs = study_jobs('smoke', ['perloop-rmsnorm', 'perloop-raw'], Path.cwd() / 'slurm-test-runs', seeds=[0])
+    out = J.run_jobs(_run_one, jobs, 'slurm', folder=Path.cwd() / 'slurm-test-jobs', gpus_per_job=0, timeout_min=30)
+    assert [o.state for o in out] == ['done', 'done'], [o.error for o in out]
