@@ -28,11 +28,11 @@ from looped_lm.ablation import (
 )
 
 # %% auto #0
-__all__ = ['RERUN', 'STYLE', 'METADATA', 'POLICY_MARKERS', 'CLAMP_STYLE', 'LEMMA2', 'FIGURES', 'ResultsError',
+__all__ = ['RERUN', 'STYLE', 'METADATA', 'POLICY_MARKERS', 'HALT_MIN_SAVED', 'CLAMP_STYLE', 'LEMMA2', 'FIGURES', 'ResultsError',
            'read_results_json', 'variant_order', 'palette', 'found_runs', 'Results', 'load_results', 'figure_bytes',
-           'check_fig_dir', 'save', 'Skip', 'exit_flops', 'float32_floor', 'endpoint_points', 'fig_drift',
-           'fig_norm_tail', 'fig_ppl_vs_exit', 'halting_points', 'fig_frontier', 'throughput_table', 'fig_radial',
-           'fig_scale', 'fig_clamp_modes', 'fig_lemma2', 'fig_endpoint', 'FigureSet', 'make_figures']
+           'check_fig_dir', 'save', 'Skip', 'exit_flops', 'float32_floor', 'endpoint_points', 'fig_training_drift',
+           'fig_norm_tail', 'fig_ppl_vs_exit', 'saves_compute', 'halting_points', 'fig_frontier', 'measured_throughput',
+           'fig_radial', 'fig_scale', 'fig_clamp_modes', 'fig_lemma2', 'fig_endpoint', 'FigureSet', 'make_figures']
 
 # %% ../nbs/06_figures.ipynb #ec5b1246
 class ResultsError(RuntimeError):
@@ -65,7 +65,8 @@ _SEEDED = re.compile(r'^(?P<name>.+)-seed(?P<seed>\d+)$')
 
 
 def found_runs(out_dir) -> tuple:
-    "({(variant, seed)} of the ablation's run folders `out_dir/runs/<variant>-seed<N>/`, [folders of no known variant])."
+    """({(variant, seed)} of the ablation's run folders `out_dir/runs/<variant>-seed<N>/`, [folders of no known
+    variant])."""
     runs, other = set(), []
     for rd in sorted((Path(out_dir) / 'runs').glob('*-seed*')):
         m = _SEEDED.match(rd.name)
@@ -78,7 +79,8 @@ def found_runs(out_dir) -> tuple:
 # %% ../nbs/06_figures.ipynb #fa714abc
 @dataclass
 class Results:
-    "A study read back from its folder: per variant (the ablation's order) one record per seed, the study's throughput, notes."
+    """A study read back from its folder: per variant (the ablation's order) one record per seed, the study's
+    throughput, notes."""
 
     out_dir: Path
     runs: dict  # variant -> [dict(seed, run_dir, diag, metrics, config)]
@@ -92,7 +94,8 @@ class Results:
 
 
 def load_results(out_dir, variants=None, seeds=None) -> Results:
-    "The finished, diagnosed runs of `out_dir` (default: every run folder there), read through the ablation's `collect`."
+    """The finished, diagnosed runs of `out_dir` (default: every run folder there), read through the ablation's
+    `collect`."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         raise ResultsError(f"{out_dir} is not a results folder; run nbs/05_ablation.ipynb into it first.")
@@ -147,7 +150,8 @@ def check_fig_dir(fig_dir) -> Path:
 
 
 def save(fig, fig_dir, name) -> list:
-    "Write `name`.png and `name`.pdf atomically (temporary file, then rename): a kill never leaves a half-written figure."
+    """Write `name`.png and `name`.pdf atomically (temporary file, then rename): a kill never leaves a half-written
+    figure."""
     paths = [Path(fig_dir) / f'{name}.{fmt}' for fmt in ('png', 'pdf')]
     for p in paths:
         write_atomic(p, figure_bytes(fig, p.suffix[1:]))
@@ -201,7 +205,8 @@ def exit_flops(run: dict) -> list:
 
 
 def float32_floor(d: int, n: int = 512, seed: int = 0) -> float:
-    "The radial fraction that float32 rounding alone reports for a gradient exactly tangential to h (width `d`), 2 digits."
+    """The radial fraction that float32 rounding alone reports for a gradient exactly tangential to h (width `d`), 2
+    digits."""
     g = torch.Generator().manual_seed(seed)
     h, v = (torch.randn(n, d, generator=g, dtype=torch.float64) for _ in range(2))
     v = v - (v * h).sum(-1, keepdim=True) / (h * h).sum(-1, keepdim=True) * h  # exactly tangential, in float64
@@ -209,12 +214,13 @@ def float32_floor(d: int, n: int = 512, seed: int = 0) -> float:
 
 
 def endpoint_points(res: Results) -> list:
-    "Per (variant, seed) the ablation's `endpoint`: CE gap ln PPL@1 - ln PPL@K, log10 ||H_K||, log10 readout radial fraction."
+    """Per (variant, seed) the ablation's `endpoint`: CE gap ln PPL@1 - ln PPL@K, log10 ||H_K||, log10 readout radial
+    fraction."""
     ok = set(res.having('exits', dict)) & set(res.having('norms', list)) & set(res.having('radial', list))
     return [dict(variant=v, seed=s['seed'], **endpoint(s)) for v, seeds in res.runs.items() if v in ok for s in seeds]
 
 # %% ../nbs/06_figures.ipynb #9adec1ae
-def fig_drift(res: Results):
+def fig_training_drift(res: Results):
     "Mean per-token norm ||H_k|| against the training step, one panel per loop (log scale)."
     runs = _need(
         {v: rs for v, rs in res.runs.items() if all(r['metrics'] and 'norm' in r['metrics'][0] for r in rs)},
@@ -268,27 +274,43 @@ def fig_norm_tail(res: Results):
 
 # %% ../nbs/06_figures.ipynb #7fd1f2b8
 def fig_ppl_vs_exit(res: Results):
-    "Perplexity at every exit depth k (validation, as the paper reports), mean and min–max over seeds."
+    """Perplexity at every exit depth k (validation, as the paper reports), mean and min–max over seeds; per-loop-loss
+    and terminal-loss variants in separate panels, each on its own y-range (a terminal loss never trains
+    early exits)."""
     runs = _need(res.having('exits', dict), 'per-exit perplexities')
     pal = palette(runs)
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for v, seeds in runs.items():
-        ex = _exits(seeds)
-        _band(ax, [e['k'] for e in ex[0]], [[e['ppl'] for e in s] for s in ex], pal[v], v, marker='o')
-    ax.set_yscale('log')
-    ax.set_xlabel('exit depth k')
-    ax.set_ylabel('validation perplexity (log)')
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    _legend(ax)
-    ax.set_title('Perplexity vs exit depth')
+    groups = [
+        (title, {v: rs for v, rs in runs.items() if VARIANTS[v].per_loop == per_loop})
+        for title, per_loop in (('per-loop loss', True), ('terminal loss (early exits never trained)', False))
+    ]
+    groups = [(t, g) for t, g in groups if g]
+    fig, axs = plt.subplots(1, len(groups), figsize=(4.6 * len(groups), 3.6), squeeze=False)
+    for ax, (title, group) in zip(axs[0], groups):
+        for v, seeds in group.items():
+            ex = _exits(seeds)
+            _band(ax, [e['k'] for e in ex[0]], [[e['ppl'] for e in s] for s in ex], pal[v], v, marker='o')
+        ax.set_yscale('log')
+        ax.set_xlabel('exit depth k')
+        ax.set_title(title, fontsize=9)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.legend(fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.2), ncol=2)
+    axs[0][0].set_ylabel('validation perplexity (log)')
+    fig.suptitle('Perplexity vs exit depth', y=1.02)
     return fig
 
 # %% ../nbs/06_figures.ipynb #926db269
 POLICY_MARKERS = dict(max_prob='^', logit_margin='s', entropy='D')
+HALT_MIN_SAVED = 0.1  # loops: a halting point is drawn only where it saves at least this much compute
+
+
+def saves_compute(point: dict, K: int) -> bool:
+    "Whether a calibrated halting point exits at least `HALT_MIN_SAVED` loops before the full depth `K` on average."
+    return point['avg_loops'] <= K - HALT_MIN_SAVED
 
 
 def halting_points(seeds, flops) -> list:
-    "Calibrated halting results averaged over seeds per (policy, granularity), placed at the FLOPs of their average loop count."
+    """Calibrated halting results averaged over seeds per (policy, granularity), placed at the FLOPs of their average
+    loop count."""
     groups = {}
     for s in seeds:
         for h in s['diag'].get('halting') or []:
@@ -319,7 +341,7 @@ def fig_frontier(res: Results):
         ax.plot(flops[:n], ppl, '-o', color=pal[v], label=v, ms=4)
         for k, (x, y) in enumerate(zip(flops[:n], ppl), 1):
             ax.annotate(str(k), (x, y), fontsize=6, xytext=(2, 2), textcoords='offset points')
-        for h in halting_points(seeds, flops[:n]):
+        for h in [h for h in halting_points(seeds, flops[:n]) if saves_compute(h, n)]:
             ax.plot(
                 h['flops'],
                 h['ppl'],
@@ -339,11 +361,15 @@ def fig_frontier(res: Results):
     ax.set_yscale('log')
     ax.set_xlabel('forward FLOPs per token (exit k)')
     ax.set_ylabel('validation perplexity (log)')
-    ax.set_title('Perplexity–compute frontier (labels: exit k; filled = sequence, hollow = token halting)', fontsize=8)
+    ax.set_title(
+        'Perplexity–compute frontier (labels: exit k; halting where it saves compute: filled = sequence, '
+        'hollow = token)',
+        fontsize=8,
+    )
     return fig
 
 
-def throughput_table(res: Results):
+def measured_throughput(res: Results):
     "The study's measured evaluation throughput per exit (machine-dependent: a caption, not a figure axis), or None."
     import pandas as pd
 
@@ -351,7 +377,8 @@ def throughput_table(res: Results):
 
 # %% ../nbs/06_figures.ipynb #11d22afd
 def fig_radial(res: Results):
-    "Radial gradient fractions per loop (float64), the eps/mean(H^2) prediction (dashed) and the float32 rounding floor (dotted)."
+    """Radial gradient fractions per loop (float64), the eps/mean(H^2) prediction (dashed) and the float32 rounding
+    floor (dotted)."""
     runs = _need(res.having('radial', list), 'radial fractions')
     pal = palette(runs)
     fig, axs = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
@@ -436,7 +463,8 @@ LEMMA2 = [
 
 
 def fig_lemma2(res: Results):
-    "Lemma 2 beyond the training depth: per transition k -> k+1 of a long run, s_k, a_k, ||du|| and ||du||*s_k per variant."
+    """Lemma 2 beyond the training depth: per transition k -> k+1 of a long run, s_k, a_k, ||du|| and ||du||*s_k per
+    variant."""
     runs = _need(res.having('lemma2', list), 'a Lemma-2 run beyond the training depth')
     pal = palette(runs)
     fig, axs = plt.subplots(1, 4, figsize=(14, 3.4), sharex=True)
@@ -501,7 +529,8 @@ def fig_endpoint(res: Results, gap_threshold: float = 1.0, log_norm_threshold: f
     ax.set_xlabel(r'CE gap $\ln PPL_1 - \ln PPL_K$ (symlog)')
     ax.set_ylabel(r'$\log_{10} \|H_K\|$')
     ax.set_title(
-        f"Endpoint picture (log radial vs log norm: Pearson {c['pearson']:.2f}, Spearman {c['spearman']:.2f}, n={c['runs']})",
+        f"Endpoint picture (log radial vs log norm: Pearson {c['pearson']:.2f}"
+        f", Spearman {c['spearman']:.2f}, n={c['runs']})",
         fontsize=8,
     )
     _legend(ax)
@@ -509,7 +538,7 @@ def fig_endpoint(res: Results, gap_threshold: float = 1.0, log_norm_threshold: f
 
 # %% ../nbs/06_figures.ipynb #ee6a2bce
 FIGURES = dict(
-    drift=fig_drift,
+    drift=fig_training_drift,
     norm_tail=fig_norm_tail,
     ppl_vs_exit=fig_ppl_vs_exit,
     frontier=fig_frontier,
@@ -532,12 +561,14 @@ class FigureSet(list):
 def make_figures(
     out_dir, fig_dir=None, variants=None, seeds=None, show: bool = False, verbose: bool = True
 ) -> FigureSet:
-    "Draw every figure that the results in `out_dir` allow into `fig_dir` (default `out_dir/figures`); say what was skipped and why."
+    """Draw every figure that the results in `out_dir` allow into `fig_dir` (default `out_dir/figures`); say what was
+    skipped and why."""
     fig_dir = check_fig_dir(fig_dir if fig_dir is not None else Path(out_dir) / 'figures')  # refused before any reading
     res = load_results(out_dir, variants, seeds)
     if not res.runs:
         raise ResultsError(
-            f"No finished runs in {out_dir}{' (' + '; '.join(res.notes) + ')' if res.notes else ''}; run nbs/05_ablation.ipynb first."
+            f"No finished runs in {out_dir}{' (' + '; '.join(res.notes) + ')' if res.notes else ''}; "
+            'run nbs/05_ablation.ipynb first.'
         )
     if verbose:
         print(''.join(f'note: {n}\n' for n in res.notes), end='')
