@@ -16,13 +16,13 @@ from .protocol import slice_context, clamp_refusal, readout_norm_at, IGNORED_STA
 # %% auto #0
 __all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'POLICIES', 'GRANULARITIES', 'EVAL_TOKENS', 'token_ce',
            'eval_exits', 'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'norm_distribution',
-           'float64_spec', 'predicted_radial', 'radial_fractions', 'angular_updates', 'angle_scaling', 'clamp_modes',
-           'scale_sensitivity', 'lemma2', 'halting_scores', 'halting_policy', 'loop_scores', 'exit_outcome',
-           'calibrate_threshold', 'adaptive_halting', 'halting_speed', 'DiagnosticReport', 'diagnose', 'matches_key',
-           'checkpoint_id', 'current_report', 'diagnose_run']
+           'float64_spec', 'radial_scale', 'radial_scale_of', 'radial_exact', 'radial_fractions', 'angular_updates',
+           'angle_scaling', 'clamp_modes', 'scale_sensitivity', 'lemma2', 'halting_scores', 'halting_policy',
+           'loop_scores', 'exit_outcome', 'calibrate_threshold', 'adaptive_halting', 'halting_speed',
+           'DiagnosticReport', 'diagnose', 'matches_key', 'checkpoint_id', 'current_report', 'diagnose_run']
 
 # %% ../nbs/04_diagnostics.ipynb #9cf06f4c
-DIAG_VERSION = 4  # bump whenever a diagnostic changes: cached reports of another version are recomputed
+DIAG_VERSION = 5  # bump whenever a diagnostic changes: cached reports of another version are recomputed
 
 
 def _batches(tokens, batch_size, seq_len, max_batches=None, device='cpu'):
@@ -220,11 +220,75 @@ def float64_spec(spec):
             t.data = data
 
 
-def predicted_radial(h: torch.Tensor, norm: str, eps: float) -> float:
-    "The lemma's radial fraction through a normalized readout: token mean of eps/mean_c(H^2) (LayerNorm: eps/var_c(H))."
+def radial_scale(h: torch.Tensor, norm: str, eps: float) -> float:
+    "The lemma's order of magnitude through a normalized readout: token mean of eps/mean_c(H^2) (LayerNorm: eps/var)."
     h = h.detach().double()
     m = h.var(-1, unbiased=False) if norm == 'layernorm' else h.pow(2).mean(-1)
     return (eps / m).mean().item()
+
+
+def radial_scale_of(row: dict):
+    "The `scale` of a radial row, also from a report older than `DIAG_VERSION` 5 (which named it `predicted`)."
+    return row.get('scale', row.get('predicted'))
+
+# %% ../nbs/04_diagnostics.ipynb #bf0b1a16
+def radial_exact(v: torch.Tensor, h: torch.Tensor, norm: str, eps: float) -> tuple:
+    """Per token (float64): the visibility lemma's exact |cos(grad_H L, H)| through a `norm` readout of `h`, from
+    `v` = the norm's weight * dL/d(its output), and t = |cot angle(v, H)| (LayerNorm: centred v and H)."""
+    if norm not in ('rmsnorm', 'layernorm'):
+        raise ValueError(f"norm must be 'rmsnorm' or 'layernorm', got {norm!r}.")
+    if v.shape != h.shape:
+        raise ValueError(f"v and h must have the same shape, got {tuple(v.shape)} and {tuple(h.shape)}.")
+    v, h = v.detach().double(), h.detach().double()
+    x = h - h.mean(-1, keepdim=True) if norm == 'layernorm' else h
+    v = v - v.mean(-1, keepdim=True) if norm == 'layernorm' else v
+    v_par, v_perp = (torch.linalg.vector_norm(p, dim=-1) for p in radial_tangential(v, x))
+    ep = eps / (x.pow(2).mean(-1) + eps)
+    rho = ep * v_par / torch.sqrt(v_perp**2 + (ep * v_par) ** 2)  # = t·ε'/sqrt(1 + t²ε'²), finite at v_perp = 0
+    if norm == 'layernorm':
+        rho = rho * torch.linalg.vector_norm(x, dim=-1) / torch.linalg.vector_norm(h, dim=-1)
+    return rho, v_par / v_perp
+
+# %% ../nbs/04_diagnostics.ipynb #1d59442e
+def _norm_module(spec, k: int):
+    "The nn.RMSNorm / nn.LayerNorm module the readout applies to H_k (None: none, or one declared as a tuple)."
+    n = spec.readout_norm
+    n = n(k) if callable(n) and not isinstance(n, nn.Module) else n
+    return n if isinstance(n, (nn.RMSNorm, nn.LayerNorm)) else None
+
+
+@contextmanager
+def _norm_outputs(module):
+    "The outputs of `module` while inside (a list filled by a forward hook; nothing for None)."
+    outs = []
+    hook = module.register_forward_hook(lambda m, i, o: outs.append(o)) if module is not None else None
+    try:
+        yield outs
+    finally:
+        if hook is not None:
+            hook.remove()
+
+
+def _lemma_v(module, outs, grads, h):
+    "v = weight * dL/d(norm output) for `h`, the readout's pieces put back in row order (None if they do not fit)."
+    if module is None or not outs or any(o.shape[1:] != h.shape[1:] for o in outs):
+        return None
+    g = torch.cat([x if x is not None else torch.zeros_like(o) for x, o in zip(grads, outs)])
+    return None if g.shape != h.shape else g * (module.weight if module.weight is not None else 1.0)
+
+# %% ../nbs/04_diagnostics.ipynb #7769abfa
+def _radial_row(k, acc, n, lem, through_loops, dtypes) -> dict:
+    "One loop's row of `radial_fractions` from its accumulators."
+    row = dict(k=k, readout=float(acc[0] / n), readout_whole=float(acc[2] / n))
+    row['objective'] = float(acc[1] / n) if through_loops else None
+    row['scale'] = float(np.mean(lem['scale'])) if lem['scale'] else None
+    ok = lem['rho'] and len(lem['rho']) == len(lem['scale'])  # every batch had its v
+    rho, ratio = (np.concatenate(lem[c]) if ok else None for c in ('rho', 'ratio'))
+    row['exact'] = float(rho.mean()) if ok else None
+    for q in (5, 50, 95):
+        row[f'ratio_p{q:02d}'] = float(np.quantile(ratio[np.isfinite(ratio)], q / 100)) if ok else None
+    row['cot_median'] = float(np.median(np.concatenate(lem['t']))) if ok else None
+    return {**row, 'dtype': '/'.join(sorted(dtypes))}
 
 # %% ../nbs/04_diagnostics.ipynb #a451e3da
 def radial_fractions(
@@ -239,40 +303,43 @@ def radial_fractions(
     ce_chunk: int = 0,
     K: int = None,
 ) -> list:
-    "Per loop: radial fraction of the readout's CE gradient and the objective's, in float64, beside the lemma's."
+    "Per loop: radial fraction of the readout's CE gradient and the objective's, in float64, beside the lemma's exact."
     if loss not in ('perloop', 'terminal'):
         raise ValueError(f"loss must be 'perloop' or 'terminal', got {loss!r}.")
     from looped_lm.train import norm_penalty as penalty
 
     spec = _guarded(model, tokens, seq_len, device, K)
     through_loops = checked_spec(spec, None).get('steps_carry_state') is not False  # else no objective through loops
-    K, acc, pred, n, dtypes = spec.K, np.zeros((spec.K, 2)), [[] for _ in range(spec.K)], 0, set()
+    K, acc, n, dtypes = spec.K, np.zeros((spec.K, 3)), 0, set()
+    lem = [dict(scale=[], rho=[], ratio=[], t=[]) for _ in range(K)]
     with torch.enable_grad(), float64_spec(spec):
         for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
             hidden, ctx = run_loops(spec, x, K, grad=True)  # each H_k is the very tensor fed to step k+1
             dtypes.update(str(h.dtype).replace('torch.', '') for h in hidden)
-            ces = [token_ce(spec, h, ctx, k, y, ce_chunk).mean() for k, h in enumerate(hidden, 1)]
+            ces, outs = [], []
+            for k, h in enumerate(hidden, 1):
+                with _norm_outputs(_norm_module(spec, k)) as o:  # the norm's output: v for the exact prediction
+                    ces.append(token_ce(spec, h, ctx, k, y, ce_chunk).mean())
+                outs.append(o)
             obj = torch.stack(ces).mean() if loss == 'perloop' else ces[-1]
             if norm_penalty > 0:
                 obj = obj + norm_penalty * penalty(hidden)
             g_obj = torch.autograd.grad(obj, hidden, retain_graph=True)
-            g_own = [torch.autograd.grad(ce, h, retain_graph=True)[0] for ce, h in zip(ces, hidden)]
-            for k, h in enumerate(hidden):
-                acc[k] += [radial_fraction(g.double(), h.double()).item() for g in (g_own[k], g_obj[k])]
+            for k, (h, ce, o) in enumerate(zip(hidden, ces, outs)):
+                g, *g_out = torch.autograd.grad(ce, [h, *o], retain_graph=True, allow_unused=True)
+                g, h64 = g.double(), h.double()
+                acc[k, :2] += [radial_fraction(g, h64).item(), radial_fraction(g_obj[k].double(), h64).item()]
+                acc[k, 2] += radial_fraction(g, h64, per_token=False).item()  # the whole tensor's cosine
                 if rn := readout_norm_at(spec, k + 1, h.dtype):
-                    pred[k].append(predicted_radial(h, *rn))
+                    lem[k]['scale'].append(radial_scale(h, *rn))
+                    if (v := _lemma_v(_norm_module(spec, k + 1), o, g_out, h)) is not None:
+                        rho, t = radial_exact(v, h, *rn)
+                        measured = radial_fraction(g, h64, reduce=None)
+                        for c, a in (('rho', rho), ('ratio', measured / rho), ('t', t)):
+                            lem[k][c].append(a.detach().cpu().numpy().ravel())
             n += 1
-            del hidden, ces, obj
-    return [
-        dict(
-            k=k + 1,
-            readout=float(acc[k, 0] / n),
-            objective=float(acc[k, 1] / n) if through_loops else None,
-            predicted=float(np.mean(pred[k])) if pred[k] else None,
-            dtype='/'.join(sorted(dtypes)),
-        )
-        for k in range(K)
-    ]
+            del hidden, ces, obj, outs
+    return [_radial_row(k + 1, acc[k], n, lem[k], through_loops, dtypes) for k in range(K)]
 
 # %% ../nbs/04_diagnostics.ipynb #8244d3c3
 def _b_perp(prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -644,7 +711,9 @@ class DiagnosticReport(dict):
             dt = {r.get('dtype') for r in self['radial']}
             dt = 'float64' if dt == {'float64'} else f"{'/'.join(map(str, dt))} — NOT float64: name the spec's modules"
             t[f'Radial gradient fractions ({dt})'] = _table(
-                self['radial'], ['k', 'readout', 'predicted', 'objective', 'dtype']
+                self['radial'],
+                ['k', 'readout', 'readout_whole', 'scale', 'exact', 'ratio_p05', 'ratio_p50', 'ratio_p95']
+                + ['cot_median', 'objective', 'dtype'],
             )
         if 'clamp' in self:
             t['Radial clamp modes (Table 4)'] = _table(
@@ -681,7 +750,7 @@ class DiagnosticReport(dict):
         return self._repr_markdown_()
 
     def plot(self, axs=None):
-        "The key figure: PPL per exit, radial fraction (and the lemma's prediction) per loop, ||du||*s beyond K."
+        "The key figure: PPL per exit, radial fraction (and the lemma's exact value) per loop, ||du||*s beyond K."
         import matplotlib.pyplot as plt
 
         if axs is None:
@@ -691,8 +760,10 @@ class DiagnosticReport(dict):
         axs[0].set(xlabel='exit depth k', ylabel='validation PPL')
         r = self.get('radial', [])
         axs[1].semilogy([x['k'] for x in r], [x['readout'] for x in r], 'o-', label='readout (measured)')
-        if r and r[0]['predicted'] is not None:
-            axs[1].semilogy([x['k'] for x in r], [x['predicted'] for x in r], 'k--', label='eps/mean(H²)')
+        if r and r[0].get('exact') is not None:
+            axs[1].semilogy([x['k'] for x in r], [x['exact'] for x in r], 'kx', label='lemma, exact')
+        if r and radial_scale_of(r[0]) is not None:
+            axs[1].semilogy([x['k'] for x in r], [radial_scale_of(x) for x in r], 'k--', lw=0.8, label='eps/mean(H²)')
         axs[1].set(xlabel='loop k', ylabel='radial fraction')
         axs[1].legend(fontsize=7)
         l2 = self.get('lemma2', [])

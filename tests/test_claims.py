@@ -2,9 +2,10 @@
 
 Layout: the primary analysis over the paper's seven official conditions comes first, the extension (every variant of
 the study) second. Each claim fails when one member of its group fails it, in the section it speaks of. C2 tests the
-visibility lemma quantitatively, C4 is one claim per clamp mode, C5 is split into scale and tail shape (with the
-diagnostics' own heavy-tail cut), C7 is the halting claim. Every table and claim is rebuilt byte-identical from the
-per-run records `runs.jsonl` alone. All on synthetic records built by the ablation's `synthetic_study`: no training.
+visibility lemma quantitatively (median per-token measured/exact, from diagnostics v5; older records: not measured),
+C4 is one claim per clamp mode, C5 is split into scale and tail shape (with the diagnostics' own heavy-tail cut), C7
+is the halting claim. Every table and claim is rebuilt byte-identical from the per-run records `runs.jsonl` alone.
+All on synthetic records built by the ablation's `synthetic_study`: no training.
 """
 
 import json
@@ -16,6 +17,7 @@ from looped_lm.ablation import (
     MARGINS,
     claims,
     claims_markdown,
+    measures,
     read_run_records,
     rebuild,
     run_record,
@@ -24,7 +26,7 @@ from looped_lm.ablation import (
     write_claims,
     write_tables,
 )
-from looped_lm.diagnostics import HEAVY_TAIL_HILL
+from looped_lm.diagnostics import HEAVY_TAIL_HILL, radial_scale_of
 
 FIELDS = [
     'title',
@@ -64,7 +66,8 @@ def test_layout_primary_first_then_extension():
         ('C1', 'perloop-finalnorm', dict(norm=5e3), ('primary', 'extension')),  # a control drifts too
         ('C1', 'internorm', dict(growth=5.0), ('extension',)),  # the inter-loop-normalized state grows across loops
         ('C2', 'terminal-penalty', dict(radial=1e-3), ('primary', 'extension')),  # a normalized readout is not blind
-        ('C2', 'perloop-rmsnorm', dict(cot=5.0), ('primary', 'extension')),  # 70x the unaligned |cot|: not the lemma
+        ('C2', 'perloop-rmsnorm', dict(lemma_ratio=5.0), ('primary', 'extension')),  # 5x the lemma's exact value
+        ('C2', 'layernorm', dict(lemma_ratio=0.3), ('extension',)),  # a third of it, through LayerNorm
         ('C3', 'perloop-penalty', dict(ppl=(45, 45, 45, 45)), ('primary', 'extension')),
         ('C3', 'internorm', dict(ppl=(45, 45, 45, 45)), ('extension',)),
         ('C4a', 'perloop-rmsnorm', dict(clamp_ratio={'freeze_loop1': 1.05}), ('primary', 'extension')),
@@ -102,15 +105,40 @@ def test_clamp_modes_are_judged_separately_with_a_seed_range():
     assert c4a['numbers']['min ‖H_K‖/‖H_1‖ unclamped'] == pytest.approx(3.0)
 
 
-def test_c2_reads_the_lemma_ratio_against_the_unaligned_baseline():
-    c2 = claims(synthetic_study((0, 1)))['primary']['claims']['C2']
+def test_c2_reads_the_per_token_lemma_ratio_and_the_raw_baseline():
+    c2 = claims(synthetic_study((0, 1), **{'perloop-rmsnorm': dict(lemma_ratio=1.8, cot=0.3)}))['primary']['claims']
+    c2 = c2['C2']
+    assert c2['verdict'] == 'reproduced'  # 1.8 is inside [0.5, 2]
     base = unaligned_cos(128)
     assert c2['numbers']['unaligned √(2/(πd))'] == pytest.approx(0.0705, abs=1e-4)
-    assert c2['numbers']['min |cot| = radial/(ε/mean(H²))'] == pytest.approx(2 * base)
     assert c2['numbers']['min radial raw / √(2/(πd))'] == pytest.approx(0.1 / base)
+    assert c2['numbers']['max median measured/exact'] == pytest.approx(1.8)
+    assert c2['numbers']['min median measured/exact'] == pytest.approx(1.0)
+    assert c2['numbers']['max p95 measured/exact'] == pytest.approx(1.1 * 1.8)
+    assert c2['numbers']['max median |cot|'] == pytest.approx(0.3)
     mean, lo, hi = c2['by_variant']['perloop-rmsnorm']['lemma ratio']
-    assert mean == lo == hi == pytest.approx(2 * base)
-    assert 'lemma ratio' not in c2['by_variant']['perloop-raw']  # a raw readout has no eps/mean(H^2) prediction
+    assert mean == lo == hi == pytest.approx(1.8)
+    assert c2['by_variant']['perloop-rmsnorm']['radial scale'][0] == pytest.approx(1e-9 / 0.3)
+    assert 'lemma ratio' not in c2['by_variant']['perloop-raw']  # a raw readout has no lemma prediction
+    assert MARGINS['lemma_low'] == 0.5 and MARGINS['lemma_high'] == 2.0
+
+
+def test_c2_without_the_lemma_fields_is_not_measured_and_says_why():
+    old = synthetic_study((0, 1), **{v: dict(lemma_ratio=None) for v in ('perloop-rmsnorm', 'terminal-rmsnorm')})
+    c2 = claims(old)['primary']['claims']['C2']
+    assert (c2['verdict'], c2['holds_on_mean'], c2['seeds_held']) == ('not measured', None, '0/2')
+    assert 'diagnostics before v5' in c2['numbers']['lemma'] and 'rerun diagnose_run' in c2['numbers']['lemma']
+    assert c2['numbers']['max radial normalized'] == pytest.approx(1e-9)  # the thresholds are still reported
+    assert 'diagnostics before v5' in claims_markdown(claims(old))
+    # the thresholds alone already fail: not reproduced, whatever the lemma would say
+    bad = synthetic_study((0,), **{'perloop-rmsnorm': dict(lemma_ratio=None, radial=1e-3)})
+    assert claims(bad)['primary']['claims']['C2']['verdict'] == 'not reproduced at this scale'
+    # a record of the old format end to end: `predicted` is read as the scale
+    rec = synthetic_study((0,), variants=['perloop-rmsnorm'], **{'perloop-rmsnorm': dict(lemma_ratio=None)})[0]
+    assert set(rec['diag']['radial'][-1]) == {'k', 'readout', 'objective', 'predicted'}
+    scale = radial_scale_of(rec['diag']['radial'][-1])
+    assert measures(rec)['radial scale'] == scale == pytest.approx(1e-9 / (2 * unaligned_cos(128)))
+    assert 'lemma ratio' not in measures(rec)
 
 
 def test_missing_diagnostics_or_failed_members_are_not_measured():

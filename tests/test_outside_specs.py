@@ -297,9 +297,10 @@ def test_float64_for_a_spec_of_callables(ids):
     for r, q in zip(rows, ref):
         assert r['readout'] == pytest.approx(q['readout'], rel=1e-9)
         assert r['objective'] == pytest.approx(q['objective'], rel=1e-9)
-        assert 0.1 < r['readout'] / r['predicted'] < 10  # of the order the lemma predicts, from the norm's own eps
+        assert 0.1 < r['readout'] / r['scale'] < 10  # of the order eps/mean(H^2), from the norm's own eps
+        assert r['ratio_p05'] == pytest.approx(1, abs=1e-6) and r['ratio_p95'] == pytest.approx(1, abs=1e-6)  # exact
     plain = radial_fractions(loopformer_spec(m), ids, **kw)
-    assert all(r['dtype'] == 'float32' and r['predicted'] is None for r in plain)
+    assert all(r['dtype'] == 'float32' and r['scale'] is None and r['exact'] is None for r in plain)
     title = next(iter(DiagnosticReport(radial=plain).tables()))
     assert 'NOT float64' in title
     assert next(iter(DiagnosticReport(radial=rows).tables())) == 'Radial gradient fractions (float64)'
@@ -318,7 +319,7 @@ def test_diagnose_skips_what_the_spec_cannot_do_with_the_reason(ids):
     coda = coda_spec(m, no_clamp=why, modules=m)
     rep = diagnose(coda, ids, max_batches=2, lemma_loops=6, **kw)
     assert 'clamp' not in rep and rep['skipped']['clamp'] == coda.no_clamp
-    assert all(r['objective'] is None and r['predicted'] is not None for r in rep['radial'])
+    assert all(r['objective'] is None and r['ratio_p50'] == pytest.approx(1, abs=1e-6) for r in rep['radial'])
     assert set(rep['skipped']) == {'clamp', 'radial objective', 'lemma2'}
     assert 'Skipped, and why' in repr(rep) and len(rep['exits']['validation']) == K and rep['halting']
     readout = lambda h, ctx, k: m.head(m.norm(m.coda(h, *m.rope(h.shape[1]))))
