@@ -22,7 +22,7 @@ LAYERS = [
     ['diagnostics'],
     ['hub'],
     ['jobs'],  # one job per run (submitit), below the studies that submit them
-    ['ablation', 'scaling'],  # studies
+    ['ablation', 'scaling', 'horizon'],  # studies
     ['figures', 'scaling_figures'],  # figures from results folders (the scaling grid's from 07a)
 ]
 LAYER = {m: i for i, layer in enumerate(LAYERS) for m in layer}

@@ -1,0 +1,197 @@
+"""The horizon study (nbs/08_horizon.ipynb): the paper's clock, grids and plans, the three analyses on synthetic
+tables whose answer is known, the record file, and the tiny grid end to end.
+
+The tiny grid trains 8 runs of 32 steps in segments to log-spaced checkpoints, keeps and measures each; segmented
+training gives the weights of one uninterrupted run; a rerun trains and measures nothing; a record of another
+checkpoint is measured again, never read; a step passed without a kept copy is skipped, not invented.
+"""
+
+import json, math
+import numpy as np, pandas as pd
+import pytest
+from looped_lm.config import ConfigError, load_preset
+from looped_lm.train import train, latest_checkpoint
+from looped_lm.scaling import AT_RISK
+from looped_lm.horizon import (
+    CLOCKS,
+    HORIZON_GRIDS,
+    PAPER_CLOCK,
+    PAPER_DRIFT_RMS,
+    RECORDS,
+    _check_arms,
+    cached_record,
+    check_horizon,
+    checkpoint_steps,
+    clock_of,
+    collapse_test,
+    dose_response,
+    drift_law,
+    horizon_key,
+    put_record,
+    read_records,
+    run_horizon,
+    synthetic_horizon,
+)
+
+
+def test_paper_clock():
+    "The official recipe's steps x lr: 100,000 x 3e-4 = 30 (44M), 200,000 x 3e-4 = 60 (129M); RMS = L2 / sqrt(d)."
+    assert PAPER_CLOCK['lr_steps']['44M'] == pytest.approx(30.0)
+    assert PAPER_CLOCK['lr_steps']['129M'] == pytest.approx(60.0)
+    assert PAPER_CLOCK['tokens']['44M'] == PAPER_CLOCK['tokens']['129M'] == 1_638_400_000
+    assert PAPER_DRIFT_RMS['44M'] == pytest.approx(39207 / math.sqrt(512))
+    cfg = load_preset('cpu', schedule='constant', warmup_steps=0, lr=1e-2)
+    assert clock_of(cfg, 3000) == dict(lr_steps=pytest.approx(30.0), steps=3000.0, tokens=3000.0 * 16 * 64)
+    cos = load_preset('cpu')
+    assert 3.0 < clock_of(cos, cos.steps)['lr_steps'] < 3.6  # the cosine preset: about a ninth of the paper's
+
+
+def test_checkpoint_steps_and_arms():
+    assert checkpoint_steps(50, 3000) == [50, 100, 200, 400, 800, 1600, 3000]
+    assert checkpoint_steps(4, 32) == [4, 8, 16, 32]
+    assert checkpoint_steps(1, 10, 1.5) == [1, 2, 3, 5, 8, 10]
+    for args in [(0, 10), (20, 10), (1.5, 10)]:
+        with pytest.raises(ConfigError, match='integers'):
+            checkpoint_steps(*args)
+    with pytest.raises(ConfigError, match='ratio'):
+        checkpoint_steps(1, 10, 1.0)
+    for arms, msg in [((), 'non-empty'), (((-1, [AT_RISK]),), 'positive'), (((1e-3, ['perloop-raw']),), 'first arm'),
+                      (((1e-3, [AT_RISK]), (1e-3, ['perloop-raw'])), 'twice')]:
+        with pytest.raises(ConfigError, match=msg):
+            _check_arms(arms)
+
+
+def test_cpu_plan(tmp_path):
+    "The cpu grid: 7 official variants x 3 seeds at lr 1e-2, 2 x 3 at 3e-3; 3,000 constant-lr steps; nothing on disk."
+    plan = check_horizon('cpu', out_dir=tmp_path / 'cpu')
+    assert len(plan.jobs) == 27 and not (tmp_path / 'cpu').exists()
+    assert {j.cfg.schedule for j in plan.jobs} == {'constant'} and {j.cfg.steps for j in plan.jobs} == {3000}
+    low = [j for j in plan.jobs if j.lr == 3e-3]
+    assert sorted({j.variant for j in low}) == ['perloop-raw', 'perloop-rmsnorm'] and len(low) == 6
+    assert plan.jobs[0].steps == (50, 100, 200, 400, 800, 1600, 3000)
+    hi = next(j for j in plan.jobs if j.lr == 1e-2)
+    assert clock_of(hi.cfg, 3000)['lr_steps'] == pytest.approx(30.0)
+    with pytest.raises(ConfigError, match='Unknown grid'):
+        check_horizon('nope')
+    with pytest.raises(ConfigError, match='workers'):
+        check_horizon('tiny', out_dir=tmp_path / 't', workers=0)
+
+
+def test_collapse_picks_the_clock_it_was_built_on():
+    "Norms built on steps x lr collapse there (verdict supported); built on steps, they collapse on steps (refuted)."
+    good = collapse_test(synthetic_horizon('lr_steps'))
+    assert good.best.tolist() == ['lr_steps', 'lr_steps'] and (good.verdict == 'supported').all()
+    assert good['spread steps'].iloc[0] == pytest.approx(0.6 * math.log(1e-2 / 3e-3), abs=0.03)
+    bad = collapse_test(synthetic_horizon('steps'))
+    assert bad.best.isin(['steps', 'tokens']).all() and (bad.verdict == 'refuted').all()
+    assert np.allclose(bad['spread steps'], bad['spread tokens'])  # one batch size: tokens = steps x constant
+    three = collapse_test(synthetic_horizon('lr_steps', lrs=(1e-2, 3e-3, 1e-3)))
+    assert (three.best == 'lr_steps').all()
+    assert collapse_test(synthetic_horizon('lr_steps', lrs=(1e-2,))).empty
+    apart = collapse_test(synthetic_horizon('lr_steps', lrs=(1.0, 1e-4), steps=(10, 20)))
+    assert apart.verdict.iloc[0] == 'undecided (no overlap)' and math.isnan(apart['spread lr_steps'].iloc[0])
+
+
+def test_dose_response_recovers_built_slopes():
+    syn = synthetic_horizon('lr_steps', variants=(AT_RISK,))
+    rng = np.random.default_rng(1)
+    syn = syn.assign(
+        gain=0.5 / syn.norm_rms * np.exp(0.05 * rng.standard_normal(len(syn))),
+        **{'clamp freeze_loop1': np.exp(0.2 * syn.norm_rms**-0.3), 'clamp remove_radial': 1.0, 'halt loops': 4.0},
+    )
+    ctl = syn.assign(variant='perloop-raw', c6=0.9 * (syn.norm_rms / 10) ** -0.2, s_at_risk=syn.norm_rms)
+    dr = dose_response(pd.concat([syn, ctl], ignore_index=True))
+    assert dr.loc['gain', 'verdict'] == 'follows 1/s' and dr.loc['gain', 'slope'] == pytest.approx(-1, abs=0.05)
+    assert dr.loc['clamp freeze_loop1', 'verdict'] == 'falls, not as 1/s'
+    assert dr.loc['clamp freeze_loop1', 'slope'] == pytest.approx(-0.3, abs=1e-6)
+    assert dr.loc['clamp remove_radial', 'used'] == 0 and dr.loc['clamp remove_radial', 'verdict'] == 'too few points'
+    assert dr.loc['c6', 'verdict'] == 'falls with s' and dr.loc['c6', 'slope'] == pytest.approx(-0.2, abs=1e-6)
+    assert dr.loc['c6', 'spearman'] == pytest.approx(-1.0)
+    neg = syn.assign(gain=np.where(syn.step < 200, -0.01, syn.gain))
+    assert dose_response(neg).loc['gain', 'used'] == (syn.step >= 200).sum()
+
+
+def test_drift_law_out_of_sample_and_carry():
+    law = drift_law(synthetic_horizon('lr_steps'), split_step=400)
+    m, lo, hi = law['exponent']
+    assert lo <= 0.6 <= hi and m == pytest.approx(0.6, abs=0.01)
+    assert law['err_out'] < 0.03 and law['usable'] and list(law['seeds'].index) == [0, 1, 2]
+    c = law['carry']
+    assert c.loc['44M', 'l2_lo'] <= 2 * 30**0.6 <= c.loc['44M', 'l2_hi']
+    assert c.loc['129M', 'l2'] == pytest.approx(2 * 60**0.6, rel=0.03)
+    assert c.loc['44M', 'rms'] == pytest.approx(c.loc['44M', 'l2'] / 8)  # synthetic width 64
+    on_steps = drift_law(synthetic_horizon('steps'), split_step=400, clock='steps')
+    assert on_steps['carry'].loc['44M', 'clock'] == 100_000
+    flat = synthetic_horizon('lr_steps')
+    flat['norm'] = np.where(flat.step > 400, flat.norm * (flat.step / 400) ** -0.6, flat.norm)
+    flat['norm_rms'] = flat.norm / 8
+    bent = drift_law(flat, split_step=400)
+    assert bent['err_out'] > math.log(2) and not bent['usable'] and bent['err_in'] < 0.05
+    with pytest.raises(ValueError, match='two early checkpoints'):
+        drift_law(synthetic_horizon('lr_steps'), split_step=10)
+
+
+def test_record_file(tmp_path):
+    "One record per step (a new one replaces the old), damaged lines skipped, a record read only under its key."
+    p = tmp_path / RECORDS
+    put_record(p, dict(step=8, checkpoint='a', x=1))
+    put_record(p, dict(step=4, checkpoint='b', x=2))
+    put_record(p, dict(step=8, checkpoint='c', x=3))
+    assert [(r['step'], r['x']) for r in read_records(p)] == [(4, 2), (8, 3)]
+    p.write_text(p.read_text() + '{"step": 16, "tor\n[1, 2]\n')
+    assert [r['step'] for r in read_records(p)] == [4, 8]
+    assert cached_record(p, dict(checkpoint='c'))['x'] == 3
+    assert cached_record(p, dict(checkpoint='a')) is None
+    assert read_records(tmp_path / 'missing.jsonl') == []
+
+
+@pytest.fixture(scope='module')
+def tiny(tmp_path_factory, test_env):
+    out = tmp_path_factory.mktemp('horizon') / 'tiny'
+    return out, run_horizon('tiny', out_dir=out, progress=False)
+
+
+@pytest.mark.corpus
+def test_tiny_grid_end_to_end(tiny, smoke_data, tmp_path):
+    out, res = tiny
+    t = res.table
+    assert set(res.states) == {'done'} and len(res.plan.jobs) == 8
+    assert len(t) == 8 * 4 and t.groupby(['lr', 'variant', 'seed']).step.apply(tuple).map((4, 8, 16, 32).__eq__).all()
+    assert np.allclose(t.lr_steps, t.step * t.lr) and t.radial.between(0, 1).all() and (t.norm > 0).all()
+    assert t[t.variant == AT_RISK].c6.isna().all() and t[t.variant != AT_RISK].c6.notna().all()
+    assert len(res.collapse) == 2 and {'gain', 'c6'} <= set(res.dose.index) and res.law is not None
+    for f in ('horizon.csv', 'horizon.md', 'collapse.md', 'dose.md', 'drift.md'):
+        assert (out / f).stat().st_size > 0
+    j = res.plan.jobs[0]
+    whole = train(j.cfg, tmp_path / 'whole', data=smoke_data, progress=False)  # one uninterrupted run
+    assert whole.status == 'done'
+    kept = (j.keep_dir / 'ckpt-000032' / 'model.safetensors').read_bytes()
+    assert kept == (latest_checkpoint(tmp_path / 'whole') / 'model.safetensors').read_bytes()
+
+
+@pytest.mark.corpus
+def test_tiny_rerun_stale_and_missing(tiny, smoke_data):
+    out, res = tiny
+    stamp = lambda: {p: p.stat().st_mtime_ns for n in ('model.safetensors', RECORDS) for p in out.rglob(n)}  # noqa
+    before = stamp()
+    again = run_horizon('tiny', out_dir=out, progress=False)
+    assert stamp() == before
+    pd.testing.assert_frame_equal(again.table, res.table)
+    j, spec = res.plan.jobs[1], res.plan.spec
+    p = j.keep_dir / RECORDS
+    recs = read_records(p)
+    recs[1]['checkpoint'] = 'ckpt-000008:0000000000000000'  # a record that claims other weights
+    p.write_text(''.join(json.dumps(r) + '\n' for r in recs))
+    key = horizon_key(j.keep_dir / 'ckpt-000008', j.cfg, smoke_data, spec.measure_tokens, spec.radial_tokens)
+    assert cached_record(p, key) is None
+    third = run_horizon('tiny', out_dir=out, progress=False)
+    assert cached_record(p, key) is not None and len(read_records(p)) == 4
+    pd.testing.assert_frame_equal(third.table, res.table)  # measured again to the same numbers
+    for f in (j.keep_dir / 'ckpt-000008').iterdir():
+        f.unlink()  # a kept copy lost after the run went past it: that step cannot be measured again
+    (j.keep_dir / 'ckpt-000008').rmdir()
+    fourth = run_horizon('tiny', out_dir=out, progress=False)
+    assert set(fourth.states) == {'done'} and len(fourth.table) == len(res.table) - 1
+    gone = fourth.table[(fourth.table.lr == j.lr) & (fourth.table.variant == j.variant) & (fourth.table.seed == j.seed)]
+    assert list(gone.step) == [4, 16, 32]
+    assert set(CLOCKS) <= set(fourth.table.columns) and HORIZON_GRIDS['tiny'].publish is False
