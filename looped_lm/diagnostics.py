@@ -8,7 +8,7 @@ import dataclasses, itertools, json, math, statistics, time, warnings, weakref
 from contextlib import contextmanager
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
-from .lemmas import radial_fraction, angle_between, radial_tangential
+from .lemmas import radial_fraction, radial_exact, angle_between, radial_tangential
 from .data import eval_batches, write_atomic, bits_per_byte, word_perplexity, file_content_sha
 from .protocol import LoopSpec, LoopSpecError, as_spec, run_loops, checked_spec, token_windows, CLAMPS
 from .protocol import slice_context, clamp_refusal, readout_norm_at, IGNORED_STATE
@@ -16,10 +16,10 @@ from .protocol import slice_context, clamp_refusal, readout_norm_at, IGNORED_STA
 # %% auto #0
 __all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'POLICIES', 'GRANULARITIES', 'EVAL_TOKENS', 'token_ce',
            'eval_exits', 'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'norm_distribution',
-           'float64_spec', 'radial_scale', 'radial_scale_of', 'radial_exact', 'radial_fractions', 'angular_updates',
-           'angle_scaling', 'clamp_modes', 'scale_sensitivity', 'lemma2', 'halting_scores', 'halting_policy',
-           'loop_scores', 'exit_outcome', 'calibrate_threshold', 'adaptive_halting', 'halting_speed',
-           'DiagnosticReport', 'diagnose', 'matches_key', 'checkpoint_id', 'current_report', 'diagnose_run']
+           'float64_spec', 'radial_scale', 'radial_scale_of', 'radial_fractions', 'angular_updates', 'angle_scaling',
+           'clamp_modes', 'scale_sensitivity', 'lemma2', 'halting_scores', 'halting_policy', 'loop_scores',
+           'exit_outcome', 'calibrate_threshold', 'adaptive_halting', 'halting_speed', 'DiagnosticReport', 'diagnose',
+           'matches_key', 'checkpoint_id', 'current_report', 'diagnose_run']
 
 # %% ../nbs/04_diagnostics.ipynb #9cf06f4c
 DIAG_VERSION = 5  # bump whenever a diagnostic changes: cached reports of another version are recomputed
@@ -230,24 +230,6 @@ def radial_scale(h: torch.Tensor, norm: str, eps: float) -> float:
 def radial_scale_of(row: dict):
     "The `scale` of a radial row, also from a report older than `DIAG_VERSION` 5 (which named it `predicted`)."
     return row.get('scale', row.get('predicted'))
-
-# %% ../nbs/04_diagnostics.ipynb #bf0b1a16
-def radial_exact(v: torch.Tensor, h: torch.Tensor, norm: str, eps: float) -> tuple:
-    """Per token (float64): the visibility lemma's exact |cos(grad_H L, H)| through a `norm` readout of `h`, from
-    `v` = the norm's weight * dL/d(its output), and t = |cot angle(v, H)| (LayerNorm: centred v and H)."""
-    if norm not in ('rmsnorm', 'layernorm'):
-        raise ValueError(f"norm must be 'rmsnorm' or 'layernorm', got {norm!r}.")
-    if v.shape != h.shape:
-        raise ValueError(f"v and h must have the same shape, got {tuple(v.shape)} and {tuple(h.shape)}.")
-    v, h = v.detach().double(), h.detach().double()
-    x = h - h.mean(-1, keepdim=True) if norm == 'layernorm' else h
-    v = v - v.mean(-1, keepdim=True) if norm == 'layernorm' else v
-    v_par, v_perp = (torch.linalg.vector_norm(p, dim=-1) for p in radial_tangential(v, x))
-    ep = eps / (x.pow(2).mean(-1) + eps)
-    rho = ep * v_par / torch.sqrt(v_perp**2 + (ep * v_par) ** 2)  # = t·ε'/sqrt(1 + t²ε'²), finite at v_perp = 0
-    if norm == 'layernorm':
-        rho = rho * torch.linalg.vector_norm(x, dim=-1) / torch.linalg.vector_norm(h, dim=-1)
-    return rho, v_par / v_perp
 
 # %% ../nbs/04_diagnostics.ipynb #1d59442e
 def _norm_module(spec, k: int):

@@ -14,6 +14,7 @@ import seaborn as sns
 import torch
 from .config import ExperimentConfig
 from .data import write_atomic
+from .diagnostics import radial_scale_of
 from .lemmas import radial_fraction
 from .model import LoopedLMConfig, forward_flops_per_token
 from .train import read_metrics
@@ -377,8 +378,8 @@ def measured_throughput(res: Results):
 
 # %% ../nbs/06_figures.ipynb #11d22afd
 def fig_radial(res: Results):
-    """Radial gradient fractions per loop (float64), the eps/mean(H^2) prediction (dashed) and the float32 rounding
-    floor (dotted)."""
+    """Radial gradient fractions per loop (float64), the visibility lemma's exact prediction (crosses), its
+    eps/mean(H^2) scale (dashed) and the float32 rounding floor (dotted)."""
     runs = _need(res.having('radial', list), 'radial fractions')
     pal = palette(runs)
     fig, axs = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
@@ -387,8 +388,12 @@ def fig_radial(res: Results):
             rs = [s['diag']['radial'] for s in seeds]
             ks = [r['k'] for r in rs[0]]
             _band(ax, ks, [[r[kind] for r in x] for x in rs], pal[v], v, marker='o')
-            if kind == 'readout' and all(r.get('predicted') is not None for x in rs for r in x):
-                ax.plot(ks, np.mean([[r['predicted'] for r in x] for x in rs], 0), '--', color=pal[v], lw=1)
+            if kind != 'readout':
+                continue
+            if all(radial_scale_of(r) is not None for x in rs for r in x):  # `predicted` before DIAG_VERSION 5
+                ax.plot(ks, np.mean([[radial_scale_of(r) for r in x] for x in rs], 0), '--', color=pal[v], lw=1)
+            if all(r.get('exact') is not None for x in rs for r in x):  # the lemma per token, token mean
+                ax.plot(ks, np.mean([[r['exact'] for r in x] for x in rs], 0), 'x', color=pal[v], ms=6, mew=1.2)
         ax.set_yscale('log')
         ax.set_xlabel('loop k')
         ax.set_title(f"gradient of the {'readout CE' if kind == 'readout' else 'training objective'}")
@@ -406,7 +411,7 @@ def fig_radial(res: Results):
             xytext=(0, 3),
             textcoords='offset points',
         )
-    axs[0].set_ylabel('radial fraction (dashed: ε/mean(H²))')
+    axs[0].set_ylabel('radial fraction (×: lemma, exact; dashed: ε/mean(H²))')
     _legend(axs[-1])
     return fig
 

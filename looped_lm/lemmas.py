@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['radial_fraction', 'radial_tangential', 'angle_between', 'loglog_slope']
+__all__ = ['radial_fraction', 'radial_tangential', 'angle_between', 'loglog_slope', 'radial_exact']
 
 # %% ../nbs/00_lemmas.ipynb #4c91e4cd
 def _compute_dtype(*xs) -> torch.dtype:
@@ -65,3 +65,21 @@ def loglog_slope(x, y) -> float:
     if not (np.all(x > 0) and np.all(y > 0) and np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
         raise ValueError("loglog_slope needs finite positive x and y.")
     return float(np.polyfit(np.log(x), np.log(y), 1)[0])
+
+# %% ../nbs/00_lemmas.ipynb #814c4f3f
+def radial_exact(v: torch.Tensor, h: torch.Tensor, norm: str, eps: float) -> tuple:
+    """Per token (float64): the visibility lemma's exact |cos(grad_H L, H)| through a `norm` readout of `h`, from
+    `v` = the norm's weight * dL/d(its output), and t = |cot angle(v, H)| (LayerNorm: centred v and H)."""
+    if norm not in ('rmsnorm', 'layernorm'):
+        raise ValueError(f"norm must be 'rmsnorm' or 'layernorm', got {norm!r}.")
+    if v.shape != h.shape:
+        raise ValueError(f"v and h must have the same shape, got {tuple(v.shape)} and {tuple(h.shape)}.")
+    v, h = v.detach().double(), h.detach().double()
+    x = h - h.mean(-1, keepdim=True) if norm == 'layernorm' else h
+    v = v - v.mean(-1, keepdim=True) if norm == 'layernorm' else v
+    v_par, v_perp = (torch.linalg.vector_norm(p, dim=-1) for p in radial_tangential(v, x))
+    ep = eps / (x.pow(2).mean(-1) + eps)
+    rho = ep * v_par / torch.sqrt(v_perp**2 + (ep * v_par) ** 2)  # = t·ε'/sqrt(1 + t²ε'²), finite at v_perp = 0
+    if norm == 'layernorm':
+        rho = rho * torch.linalg.vector_norm(x, dim=-1) / torch.linalg.vector_norm(h, dim=-1)
+    return rho, v_par / v_perp

@@ -14,12 +14,11 @@ import torch.nn.functional as F
 from looped_lm.diagnostics import (
     DIAG_VERSION,
     _cached,
-    radial_exact,
     radial_fractions,
     radial_scale,
     radial_scale_of,
 )
-from looped_lm.lemmas import radial_fraction
+from looped_lm.lemmas import radial_exact, radial_fraction
 from looped_lm.protocol import LoopSpec
 
 NORMS = {'rmsnorm': nn.RMSNorm, 'layernorm': nn.LayerNorm}
