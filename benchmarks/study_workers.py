@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Parallel study benchmark: the same study with `workers=1` and `workers=2`, from empty results folders.
 
-    python benchmarks/study_workers.py                       # cpu preset, two variants, one seed (about 25 minutes on 2 idle cores)
-    python benchmarks/study_workers.py --preset smoke        # the script itself, in seconds
+    python benchmarks/study_workers.py                  # cpu preset, two variants, one seed (~25 min on 2 idle cores)
+    python benchmarks/study_workers.py --preset smoke   # the script itself, in seconds
 
 Both studies train the same (variant, seed) runs with the same total number of threads (1 worker x 2 threads vs
 2 workers x 1 thread on 2 cores), so the ratio measures what running independent runs side by side buys, and the
@@ -11,7 +11,7 @@ tables must be identical (the runs are deterministic on CPU). Writes `results/st
 """
 
 from __future__ import annotations
-import argparse, json, os, shutil, sys, tempfile, time
+import argparse, shutil, sys, tempfile, time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -4,25 +4,30 @@
 
 # %% ../nbs/05_ablation.ipynb #b8aa09d1
 from __future__ import annotations
-import contextlib, hashlib, json, math, numbers, os, queue, sys, time
+import ast, contextlib, hashlib, json, math, numbers, os, queue, sys, time
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, pandas as pd, yaml
 import torch
 from .config import ExperimentConfig, ConfigError, load_preset, settings_path
-from .data import prepare_data, write_atomic, dir_lock, sweep_stale_tmp
+from .data import prepare_data, write_atomic, dir_lock, sweep_stale_tmp, LockedError
 from .train import train, TrainingError, run_status, read_metrics, resolve_device
 from .diagnostics import diagnose_run, exit_throughput, current_report, DIAG_VERSION
 
 # %% auto #0
-__all__ = ['VARIANTS', 'GROUPS', 'RENAMED', 'FORMS', 'TABLES', 'CLAIMS', 'Variant', 'repo_root', 'as_list', 'check_seeds',
-           'check_variants', 'Study', 'study_key', 'check_folder', 'default_workers', 'check_params', 'run_dir_of',
-           'collect', 'read_throughput', 'study_throughput', 'run_ablation', 'MissingDiagnostic', 'dig', 'table1',
-           'table2', 'throughput_table', 'table4', 'table_scale', 'table_lemma2', 'table_halting', 'table_token_norms',
-           'endpoint', 'table_endpoint', 'endpoint_correlations', 'table_endpoint_corr', 'display_frame', 'to_markdown',
-           'to_latex', 'build_tables', 'write_tables', 'measures', 'claims', 'claims_markdown', 'publish']
+__all__ = ['VARIANTS', 'GROUPS', 'RENAMED', 'FORMS', 'STUDY_LOCK_WAIT', 'TABLES', 'RECORD_DIAG', 'MARGINS', 'HALT_POLICY',
+           'CLAMP_MODES', 'LEMMA_FIELDS', 'NO_LEMMA', 'CLAIMS', 'SECTIONS', 'Variant', 'repo_root', 'as_list',
+           'check_seeds', 'check_variants', 'WorkerError', 'under_main_guard', 'check_spawn_guard', 'Study',
+           'study_key', 'check_folder', 'default_workers', 'check_params', 'run_dir_of', 'job_data', 'study_lock',
+           'run_study_jobs', 'collect', 'read_throughput', 'study_throughput', 'study_jobs', 'run_ablation',
+           'MissingDiagnostic', 'dig', 'table1', 'table2', 'throughput_table', 'table4', 'table_scale', 'table_lemma2',
+           'table_halting', 'table_token_norms', 'endpoint', 'table_endpoint', 'endpoint_correlations',
+           'table_endpoint_corr', 'display_frame', 'to_markdown', 'to_latex', 'build_tables', 'write_tables',
+           'run_record', 'write_run_records', 'read_run_records', 'unaligned_cos', 'measures', 'synthetic_record',
+           'synthetic_study', 'publish', 'claim_set', 'claims', 'claims_markdown', 'write_claims', 'rebuild']
 
 # %% ../nbs/05_ablation.ipynb #ddace06d
 @dataclass(frozen=True)
@@ -129,9 +134,9 @@ FORMS = (
     "a comma-separated string ('0, 1, 2') or a single value (0)"
 )
 
-
+# %% ../nbs/05_ablation.ipynb #474ecfb5
 def as_list(value, what: str) -> list:
-    "`value` as a list, whichever of the accepted forms it came in (papermill's `-p` gives strings, `-y` and code lists)."
+    "`value` as a list, whichever accepted form it came in (papermill's `-p` gives strings, `-y` and code lists)."
     if isinstance(value, (list, tuple)):
         return list(value)
     if isinstance(value, str):
@@ -149,7 +154,7 @@ def as_list(value, what: str) -> list:
         return [value]
     raise ConfigError(f"{what} must be {FORMS}; got a {type(value).__name__}: {value!r}.")
 
-
+# %% ../nbs/05_ablation.ipynb #b3bb5dca
 def check_seeds(seeds, default: list) -> list:
     "Distinct non-negative integers below 2**32; `None` gives `default` (the preset's `seed_list`)."
     if seeds is None:
@@ -166,7 +171,7 @@ def check_seeds(seeds, default: list) -> list:
         raise ConfigError(f"seeds {items} repeat a seed: one run would count twice. Give each seed once.")
     return [int(s) for s in items]
 
-
+# %% ../nbs/05_ablation.ipynb #789f18f4
 def check_variants(variants) -> list:
     "Variant names in the official row order; 'all' (default), 'official' and 'extension' name groups."
     names = []
@@ -188,6 +193,48 @@ def check_variants(variants) -> list:
         raise ConfigError(f"variants {names} name a variant twice.")
     return sorted(names, key=list(VARIANTS).index)
 
+# %% ../nbs/05_ablation.ipynb #5b1e7c20
+class WorkerError(RuntimeError):
+    "A worker process of a study died (killed, out of memory, or a script that starts the study on import)."
+
+
+def _is_main_test(node) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test).replace('"', "'") in (
+        "__name__ == '__main__'",
+        "'__main__' == __name__",
+    )
+
+
+def under_main_guard(source: str, line: int) -> bool:
+    "Whether `line` of a script's `source` lies inside an `if __name__ == '__main__':` block."
+    nodes = ast.walk(ast.parse(source))
+    return any(_is_main_test(n) and n.lineno <= line <= n.end_lineno for n in nodes)
+
+# %% ../nbs/05_ablation.ipynb #f66d2782
+def check_spawn_guard(workers: int):
+    "Refuse `workers > 1` from the top level of a script without a `__main__` guard: each spawned worker re-runs it."
+    main = sys.modules.get('__main__')
+    if workers < 2 or getattr(mp.current_process(), '_inheriting', False):
+        msg = "a spawned worker is importing the script that started the study" if workers > 1 else None
+    else:
+        path, f = getattr(main, '__file__', None), sys._getframe(1)
+        while f is not None and not (f.f_code.co_name == '<module>' and f.f_globals is getattr(main, '__dict__', 0)):
+            f = f.f_back
+        try:
+            msg = (
+                None
+                if path is None or f is None or under_main_guard(Path(path).read_text(), f.f_lineno)
+                else (f"line {f.f_lineno} of {path} starts the study outside an `if __name__ == '__main__':` block")
+            )
+        except (OSError, SyntaxError, ValueError):
+            msg = None  # no readable script: nothing a worker would re-run
+    if msg:
+        raise ConfigError(
+            f"workers={workers} start processes with 'spawn', which re-runs the calling script in each of them, and "
+            f"{msg}: every worker would start the study again. Put the call under `if __name__ == '__main__':` "
+            "(Python's multiprocessing guide, 'safe importing of main module'), or pass workers=1."
+        )
+
 # %% ../nbs/05_ablation.ipynb #171ecc3c
 @dataclass
 class Study:
@@ -204,13 +251,15 @@ class Study:
 
     @property
     def runs(self) -> list:
+        "Every (variant, seed) of the study, in the official row order."
         return [(v, s) for v in self.variants for s in self.seeds]
 
     @property
     def is_main(self) -> bool:
+        "Whether this is the out_dir's main study (every variant, the preset's seeds), not a subset beside it."
         return self.study_dir == self.out_dir
 
-
+# %% ../nbs/05_ablation.ipynb #9e9357b0
 def study_key(variants, seeds) -> str:
     "A folder name for a subset study: readable when short, hashed when long."
     key = f"{'+'.join(variants)}_seeds-{'-'.join(map(str, seeds))}"
@@ -222,7 +271,7 @@ def study_key(variants, seeds) -> str:
 
 
 def check_folder(p: Path, what: str):
-    "Refuse a path that is a file, or lies under one, or whose nearest existing folder is not writable; creates nothing."
+    "Refuse a path that is a file, or lies under one, or whose nearest existing folder is read-only; creates nothing."
     for q in [p, *p.parents]:
         if q.exists():
             if not q.is_dir():
@@ -240,7 +289,7 @@ def default_workers(n_runs: int, device: str) -> int:
         n = len(os.sched_getaffinity(0)) // 2 if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1) // 2
     return max(1, min(n, n_runs))
 
-
+# %% ../nbs/05_ablation.ipynb #38b51f06
 def check_params(
     preset='cpu', variants=None, seeds=None, out_dir=None, device='auto', fig_dir=None, workers=None
 ) -> Study:
@@ -270,7 +319,9 @@ def check_params(
         workers = int(workers)
     if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
         raise ConfigError(f"workers must be a positive integer (or None: what fits the machine), got {workers!r}.")
-    return Study(preset, cfg, names, seeds, out, study_dir, fig, min(int(workers), n_runs))
+    workers = min(int(workers), n_runs)
+    check_spawn_guard(workers)  # a script without a __main__ guard: refused before any work
+    return Study(preset, cfg, names, seeds, out, study_dir, fig, workers)
 
 # %% ../nbs/05_ablation.ipynb #bdb1aaf3
 def run_dir_of(out_dir, variant: str, seed: int) -> Path:
@@ -281,36 +332,41 @@ def run_dir_of(out_dir, variant: str, seed: int) -> Path:
 _DATA = {}  # a worker's token data, loaded once from the parent's cache
 
 
-def _run_one(job: dict) -> str:
-    "Train (if needed) and diagnose one (variant, seed); in this process or in a worker. Returns its final state."
-    label = f"{job['variant']} seed {job['seed']}"
-    head, t0 = f"[{job['index']}/{job['total']}] {label}", time.time()
+def job_data(job: dict):
+    "A job's token data: the parent's own (in this process), else loaded once per worker from the token cache."
     data = job['data'] if job.get('data') is not None else _DATA.get(job['cfg'].name)
     if data is None:
         data = _DATA[job['cfg'].name] = prepare_data(job['cfg'], data_dir=job['data_dir'], verbose=False)
-    print(f"{head}: started", flush=True)
+    return data
+
+
+def _run_one(job: dict) -> str:
+    "Train (if needed) and diagnose one (variant, seed); in this process or in a worker. Returns its final state."
+    data, t0 = job_data(job), time.time()
+    print(f"{job['head']}: started", flush=True)
     try:
-        train(job['cfg'], job['run_dir'], data=data, progress=job['progress'], label=label)
+        train(job['cfg'], job['run_dir'], data=data, progress=job['progress'], label=job['label'])
         diagnose_run(job['run_dir'], data, device=job['device'], max_batches=job['max_eval_batches'])
-        print(f"{head}: done in {time.time() - t0:.0f}s", flush=True)
-        return 'done'
     except TrainingError as e:
-        print(f"{head}: FAILED: {e}", flush=True)
+        print(f"{job['head']}: FAILED: {e}", flush=True)
         return 'failed'
+    print(f"{job['head']}: done in {time.time() - t0:.0f}s", flush=True)
+    return 'done'
 
-
+# %% ../nbs/05_ablation.ipynb #6c2f8d31
 class _Lines:
-    "A worker's stdout: every write goes to the parent, which prints it where the user is looking (terminal or notebook)."
+    "A worker's stdout: every write goes to the parent, which prints it where the user looks (terminal or notebook)."
 
     def __init__(self, q):
         self.q = q
 
     def write(self, s):
+        "Send `s` to the parent."
         self.q.put(s)
         return len(s)
 
     def flush(self):
-        pass
+        "Nothing to flush: every write is sent at once."
 
 
 def _init_worker(lines, threads: int, gpus):
@@ -325,9 +381,17 @@ def _drain(q):
         while True:
             sys.stdout.write(q.get_nowait())
 
+# %% ../nbs/05_ablation.ipynb #ea0188ea
+def _state(result) -> str:
+    "A job's state from `result()` (a call or a future's): 'locked' when another process holds its run directory."
+    try:
+        return result()
+    except LockedError:
+        return 'locked'
 
-def _run_parallel(jobs: list, workers: int, device: str):
-    "Run `jobs` in `workers` spawned processes, each with an equal share of this process's threads (or its own GPU)."
+# %% ../nbs/05_ablation.ipynb #7d309e42
+def _run_parallel(jobs: list, work, workers: int, device: str) -> list:
+    "States of `jobs` run by `work` in `workers` spawned processes, each with 1/workers of the threads (or a GPU)."
     from looped_lm import ablation as mod  # the exported functions: what a spawned process can import
 
     ctx = mp.get_context('spawn')
@@ -336,23 +400,78 @@ def _run_parallel(jobs: list, workers: int, device: str):
         gpus = ctx.Queue()
         for i in range(torch.cuda.device_count()):
             gpus.put(i)
-    threads = max(1, torch.get_num_threads() // workers)
+    threads, states = max(1, torch.get_num_threads() // workers), [None] * len(jobs)
     with ProcessPoolExecutor(
         workers, mp_context=ctx, initializer=mod._init_worker, initargs=(lines, threads, gpus)
     ) as ex:
-        pending = {ex.submit(mod._run_one, {k: v for k, v in j.items() if k != 'data'}) for j in jobs}
+        pending = {ex.submit(work, {k: v for k, v in j.items() if k != 'data'}): i for i, j in enumerate(jobs)}
         try:
             while pending:
-                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
                 _drain(lines)
                 for f in done:
-                    f.result()  # a worker's RunDirError or other mistake stops the study here
+                    states[pending.pop(f)] = _state(f.result)  # a RunDirError or other mistake stops the study here
+        except BrokenProcessPool as e:
+            raise WorkerError(
+                f"A worker process died ({e}). If the study was started from a script, put the call under "
+                "`if __name__ == '__main__':` or pass workers=1; otherwise look for a killed or out-of-memory process."
+            ) from None
         except BaseException:
             for f in pending:
                 f.cancel()
             raise
         finally:
             _drain(lines)
+    return states
+
+# %% ../nbs/05_ablation.ipynb #8e41af53
+STUDY_LOCK_WAIT = 30.0  # s: a killed papermill job's kernel exits within ~1 s (its parent poll); a study publishes in s
+
+
+def study_lock(out_dir, timeout: float = STUDY_LOCK_WAIT):
+    "The lock on a study folder, for writing its records, tables, claims and figures; waits `timeout` s for a holder."
+    return dir_lock(out_dir, what='study', wait=True, timeout=timeout)
+
+
+def _lock_free(run_dir) -> bool:
+    try:
+        with dir_lock(run_dir, 'run'):
+            return True
+    except LockedError:
+        return False
+
+# %% ../nbs/05_ablation.ipynb #8b2f1730
+def run_study_jobs(jobs: list, work, workers: int = 1, device: str = 'cpu', lock_wait: float = 600.0, poll=1.0) -> list:
+    """The state of each job after `work(job)` ran it (job: a dict with `label`, `run_dir`, ...; `work`: a module-level
+    function), here or in `workers` processes. A run another process holds goes last: the others run first, then it is
+    waited for up to `lock_wait` s; one still held then is 'locked', with a message. Shared by every study."""
+    jobs = [dict(j, head=f"[{i}/{len(jobs)}] {j['label']}") for i, j in enumerate(jobs, 1)]
+
+    def run(job):
+        return _state(lambda: work(job))
+
+    states = [run(j) for j in jobs] if workers == 1 else _run_parallel(jobs, work, workers, device)
+    held, deadline = [i for i, s in enumerate(states) if s == 'locked'], time.monotonic() + lock_wait
+    if held:
+        names = ', '.join(jobs[i]['label'] for i in held)
+        print(
+            f"held by another process: {names}; the other runs are finished, waiting up to {lock_wait:.0f} s",
+            flush=True,
+        )
+    while held:
+        for i in [i for i in held if _lock_free(jobs[i]['run_dir'])]:
+            states[i] = run(jobs[i])
+        held = [i for i in held if states[i] == 'locked']
+        if held and time.monotonic() >= deadline:
+            for i in held:
+                print(
+                    f"{jobs[i]['head']}: still held by another process after {lock_wait:.0f} s: reported as 'locked'; "
+                    "run the study again when that process has finished (nothing finished is retrained)",
+                    flush=True,
+                )
+            break
+        time.sleep(poll if held else 0)
+    return states
 
 # %% ../nbs/05_ablation.ipynb #c02240a4
 def _train_radial(run_dir) -> float:
@@ -362,7 +481,7 @@ def _train_radial(run_dir) -> float:
     vals = [r['radial'][-1] for r in tail if r['radial'][-1] is not None]
     return float(np.mean(vals)) if vals else float('nan')
 
-
+# %% ../nbs/05_ablation.ipynb #71d24da3
 def collect(out_dir, variants, seeds) -> list:
     "The records of a study rebuilt from its run directories alone: status, diagnostics and training radial fraction."
     records = []
@@ -388,9 +507,9 @@ def collect(out_dir, variants, seeds) -> list:
             records.append(rec)
     return records
 
-
+# %% ../nbs/05_ablation.ipynb #2befc92a
 def read_throughput(study_dir, key: dict = None) -> list | None:
-    "The study-wide throughput per exit in `study_dir/throughput.json` (measured for `key`, if given); None when absent or damaged."
+    "Tokens/s per exit from `study_dir/throughput.json` (measured for `key`, if given); None when absent or damaged."
     p = Path(study_dir) / 'throughput.json'
     try:
         t = json.loads(p.read_text())
@@ -410,6 +529,35 @@ def study_throughput(st: Study, device: str, data) -> list:
     write_atomic(st.study_dir / 'throughput.json', json.dumps(dict(key=key, exits=exits), indent=1))
     return exits
 
+# %% ../nbs/05_ablation.ipynb #b174d286
+def study_jobs(st: Study, data, data_dir, device: str, max_eval_batches, progress: bool) -> list:
+    "One job per (variant, seed) of the study, for `_run_one`: its config, run directory and token data."
+    return [
+        dict(
+            label=f"{v} seed {s}",
+            variant=v,
+            seed=s,
+            cfg=VARIANTS[v].config(st.cfg).replace(seed=s),
+            run_dir=run_dir_of(st.out_dir, v, s),
+            data=data,
+            data_dir=data_dir,
+            device=device,
+            max_eval_batches=max_eval_batches,
+            progress=progress,
+        )
+        for v, s in st.runs
+    ]
+
+
+def _mark_locked(records: list, states: list, out_dir) -> list:
+    "Records of the runs another process still held: status 'locked', and what to do."
+    for r, s in zip(records, states):
+        if s == 'locked':
+            msg = f"{r['run_dir']} is held by another process: run the study on {out_dir} again when it has finished."
+            r.update(status='locked', message=msg)
+            r.pop('diag', None)
+    return records
+
 # %% ../nbs/05_ablation.ipynb #0c9ad5cb
 def run_ablation(
     preset='cpu',
@@ -421,43 +569,26 @@ def run_ablation(
     workers=None,
     progress: bool = True,
     fig_dir=None,
-    figures: bool = True,
     max_eval_batches: int = None,
+    lock_wait: float = 600.0,
 ) -> list:
-    "Train what is missing, diagnose every run, then (under the `out_dir` lock) write records, tables, claims and figures."
+    "Train what is missing, diagnose every run, then (under the study lock) write records, tables and claims."
     st = check_params(preset, variants, seeds, out_dir, device, fig_dir, workers)
     data = prepare_data(st.cfg, data_dir=data_dir)  # the token cache, built once, before any worker starts
     dev = str(resolve_device(st.cfg))
-    jobs = [
-        dict(
-            index=i + 1,
-            total=len(st.runs),
-            variant=v,
-            seed=s,
-            cfg=VARIANTS[v].config(st.cfg).replace(seed=s),
-            run_dir=run_dir_of(st.out_dir, v, s),
-            data=data,
-            data_dir=data_dir,
-            device=dev,
-            max_eval_batches=max_eval_batches,
-            progress=progress,
-        )
-        for i, (v, s) in enumerate(st.runs)
-    ]
+    jobs = study_jobs(st, data, data_dir, dev, max_eval_batches, progress)
     print(
         f"study: {len(jobs)} runs of {preset} ({', '.join(st.variants)} x seeds {st.seeds}), {st.workers} worker(s); "
         f"results in {st.study_dir}",
         flush=True,
     )
-    if st.workers == 1:
-        for j in jobs:
-            _run_one(j)
-    else:
-        _run_parallel(jobs, st.workers, dev)
+    from looped_lm import ablation as mod  # the exported `_run_one`: what a spawned worker can import
+
+    states = run_study_jobs(jobs, mod._run_one, st.workers, dev, lock_wait)
     st.study_dir.mkdir(parents=True, exist_ok=True)
-    with dir_lock(st.out_dir, what='study'):
-        records = collect(st.out_dir, st.variants, st.seeds)
-        publish(records, st, study_throughput(st, dev, data), figures)
+    with study_lock(st.out_dir):
+        records = _mark_locked(collect(st.out_dir, st.variants, st.seeds), states, st.out_dir)
+        publish(records, st, study_throughput(st, dev, data))
     return records
 
 # %% ../nbs/05_ablation.ipynb #ac961a76
@@ -600,7 +731,7 @@ def table_scale(records) -> pd.DataFrame:
 
 
 def table_lemma2(records) -> pd.DataFrame:
-    "Lemma 2 beyond the training depth: the state's RMS s at loop K and at the last loop, and how constant ||du||*s stays."
+    "Lemma 2 beyond the training depth: the RMS s at loop K and at the last loop, and how constant ||du||*s stays."
 
     def f(r):
         rows, K = dig(r, 'diag', 'lemma2'), _K(r)
@@ -618,7 +749,7 @@ def table_lemma2(records) -> pd.DataFrame:
 
 
 def table_halting(records) -> pd.DataFrame:
-    "Calibrated adaptive halting (the paper's Table 8): threshold chosen on one half of validation, scored on the other."
+    "Calibrated adaptive halting (the paper's Table 8): threshold set on one half of validation, scored on the other."
 
     def f(r):
         return {
@@ -644,7 +775,8 @@ def table_token_norms(records) -> pd.DataFrame:
 
 
 def endpoint(r) -> dict:
-    "One run's point of the endpoint picture: validation CE gap ln PPL@1 - ln PPL@K, log10 ||H_K||, log10 final readout radial fraction."
+    """One run's point of the endpoint picture: validation CE gap ln PPL@1 - ln PPL@K, log10 ||H_K||, log10 final
+    readout radial fraction."""
     K = _K(r)
     return dict(
         gap=math.log(_exit(r, 'validation', 1)['ppl']) - math.log(_exit(r, 'validation', K)['ppl']),
@@ -662,7 +794,8 @@ def table_endpoint(records) -> pd.DataFrame:
 
 
 def endpoint_correlations(points: list) -> dict:
-    "Pearson and Spearman correlation of log10 radial fraction with log10 ||H_K|| over `points` (`endpoint` dicts, one per run)."
+    """Pearson and Spearman correlation of log10 radial fraction with log10 ||H_K|| over `points` (`endpoint` dicts,
+    one per run)."""
     if len(points) < 3:
         return dict(runs=len(points), pearson=float('nan'), spearman=float('nan'))
     x, y = pd.Series([p['log10_radial'] for p in points]), pd.Series([p['log10_norm'] for p in points])
@@ -767,7 +900,8 @@ def build_tables(records, throughput=None) -> tuple:
 
 
 def write_tables(records, study_dir, throughput=None) -> dict:
-    "Every table as CSV (all columns, sd included), Markdown and LaTeX in `study_dir/tables/`, each written atomically."
+    "The per-run records (`runs.jsonl`) and every table as CSV (sd included), Markdown, LaTeX in `study_dir/tables/`."
+    write_run_records(records, study_dir)
     tdir = Path(study_dir) / 'tables'
     tdir.mkdir(parents=True, exist_ok=True)
     tables, skipped = build_tables(records, throughput)
@@ -781,28 +915,49 @@ def write_tables(records, study_dir, throughput=None) -> dict:
     write_atomic(tdir / 'skipped.md', ''.join(f"- {n}: {why}\n" for n, why in skipped.items()))
     return tables
 
+# %% ../nbs/05_ablation.ipynb #e7d2fc2e
+RECORD_DIAG = ('exits', 'norms', 'radial', 'clamp', 'scale', 'lemma2', 'halting')  # what tables and claims read
+_FIGURES_ONLY = ('hist', 'edges')  # the per-token norm histogram: drawn, never tabulated
+
+
+def run_record(r) -> dict:
+    "One (variant, seed) as the tables and claims read it: no path, only the diagnostics they use (no histogram)."
+    rec = {k: r[k] for k in ('variant', 'seed', 'status', 'message', 'radial_train') if k in r}
+    d = r.get('diag')
+    if d is not None:
+        rec['diag'] = {k: d[k] for k in RECORD_DIAG if k in d}
+        if 'norms' in d:
+            rec['diag']['norms'] = [{k: v for k, v in n.items() if k not in _FIGURES_ONLY} for n in d['norms']]
+    return rec
+
+
+def write_run_records(records, study_dir) -> Path:
+    "`study_dir/runs.jsonl`: one `run_record` per line, everything a table or claim of the study uses."
+    p = Path(study_dir) / 'runs.jsonl'
+    write_atomic(p, ''.join(json.dumps(run_record(r)) + '\n' for r in records))
+    return p
+
+
+def read_run_records(study_dir) -> list:
+    "The records of a study read back from its `runs.jsonl` (a missing file names the fix)."
+    p = Path(study_dir) / 'runs.jsonl'
+    if not p.exists():
+        raise FileNotFoundError(f"{p} does not exist: rerun nbs/05_ablation.ipynb on this study (it retrains nothing).")
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
 # %% ../nbs/05_ablation.ipynb #41a37bd4
-def measures(rec) -> dict:
-    "The numbers the claims read from one finished run (a value its diagnostics lack is simply absent)."
-    out, d = {}, rec.get('diag', {})
-
-    def put(key, f):
-        try:
-            out[key] = float(f())
-        except (MissingDiagnostic, TypeError, ValueError, ZeroDivisionError):
-            pass
-
-    for c in ('mean', 'median', 'hill'):
-        put(c, lambda c=c: dig(d, 'norms', -1, c))
-    put('radial', lambda: dig(d, 'radial', -1, 'readout'))
-    ex = d.get('exits', {}).get('validation', [])
-    for e in ex:
-        put(f"ppl@{e['k']}", lambda e=e: e['ppl'])
-    if ex:
-        put('gain', lambda: math.log(ex[0]['ppl']) - math.log(ex[-1]['ppl']))
-    for mode in ('freeze_loop1', 'remove_radial'):
-        put(f'clamp {mode}', lambda mode=mode: dig(d, 'clamp', mode, -1, 'ppl') / dig(d, 'clamp', 'none', -1, 'ppl'))
-    return out
+MARGINS = dict(
+    drift=5.0,  # C1, C5a: at-risk norm / largest scale-visible norm
+    blind_normalized=1e-4,  # C2: largest radial fraction of a normalized final readout
+    blind_raw=1e-2,  # C2: smallest radial fraction of a raw final readout
+    lemma_low=0.5,  # C2: smallest median per-token measured / exact (the lemma's) of a normalized final readout
+    lemma_high=2.0,  # C2: largest
+    depth=3.0,  # C3: controlled gain / at-risk gain
+    depth_min=0.01,  # C3: and at least this many nats
+    clamp=0.01,  # C4a, C4b: |PPL ratio - 1|
+    frontier=0.99,  # C6: controlled PPL / at-risk PPL at every exit
+    halting=0.5,  # C7: loops saved by the at-risk variants' halting over every control's
+)
 
 
 def _vals(m, names, key):
@@ -812,29 +967,211 @@ def _vals(m, names, key):
 
 
 def _roles(names, per_loop_only=False) -> tuple:
-    "(at-risk, scale-controlled) variants among `names`: at-risk = every supervised readout scale-invariant, plain recurrence, no penalty."
+    "(at-risk, scale-controlled) among `names`; at risk: only scale-invariant readouts, plain loop, no penalty."
     ns = [n for n in names if VARIANTS[n].per_loop or not per_loop_only]
     return [n for n in ns if not VARIANTS[n].scale_controlled], [n for n in ns if VARIANTS[n].scale_controlled]
 
 
+def unaligned_cos(width: float) -> float:
+    "E|cos| between a fixed vector and a random direction in `width` dimensions, for large width: sqrt(2/(pi d))."
+    return math.sqrt(2 / (math.pi * width))
+
+# %% ../nbs/05_ablation.ipynb #c253bf30
+from .diagnostics import HEAVY_TAIL_HILL, radial_scale_of
+
+HALT_POLICY = ('logit_margin', 'sequence')  # Table 8's default policy (adaptive_halt_benchmark.py), per sequence
+CLAMP_MODES = ('freeze_loop1', 'remove_radial')
+LEMMA_FIELDS = {  # C2's measures: the final loop's radial row of the diagnostics, v5+
+    'radial exact': 'exact',
+    'radial whole': 'readout_whole',
+    'lemma ratio': 'ratio_p50',
+    'lemma ratio p05': 'ratio_p05',
+    'lemma ratio p95': 'ratio_p95',
+    '|cot| median': 'cot_median',
+}
+
+
+def _put(out: dict, key: str, f):
+    "out[key] = float(f()), or nothing when the diagnostics (or an earlier measure) lack what `f` reads."
+    try:
+        out[key] = float(f())
+    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):
+        pass
+
+
+def measures(rec) -> dict:
+    "The numbers the claims read from one finished run (a value its diagnostics lack is simply absent)."
+    out, d = {}, rec.get('diag') or {}
+    for c in ('mean', 'median', 'hill', 'p99', 'max'):
+        _put(out, c, lambda c=c: dig(d, 'norms', -1, c))
+    for c in ('p99', 'max'):
+        _put(out, f'{c}/median', lambda c=c: out[c] / out['median'])
+    _put(out, 'radial', lambda: dig(d, 'radial', -1, 'readout'))
+    _put(out, 'radial scale', lambda: radial_scale_of(dig(d, 'radial', -1)))  # eps/mean(H^2): the order only
+    for key, c in LEMMA_FIELDS.items():  # the lemma per token (diagnostics v5+): absent from older records
+        _put(out, key, lambda c=c: dig(d, 'radial', -1, c))
+    _put(
+        out,
+        'width',
+        lambda: round((dig(d, 'clamp', 'none', 0, 'norm_l2') / dig(d, 'clamp', 'none', 0, 'norm_rms')) ** 2),
+    )
+    ex = d.get('exits', {}).get('validation', [])
+    for e in ex:
+        _put(out, f"ppl@{e['k']}", lambda e=e: e['ppl'])
+    if ex:
+        _put(out, 'gain', lambda: math.log(ex[0]['ppl']) - math.log(ex[-1]['ppl']))
+    for mode in ('none', *CLAMP_MODES):
+        _put(out, f'growth {mode}', lambda m=mode: dig(d, 'clamp', m, -1, 'norm_l2') / dig(d, 'clamp', m, 0, 'norm_l2'))
+    for mode in CLAMP_MODES:
+        _put(out, f'clamp {mode}', lambda m=mode: dig(d, 'clamp', m, -1, 'ppl') / dig(d, 'clamp', 'none', -1, 'ppl'))
+    halt = [h for h in d.get('halting') or [] if (h.get('policy'), h.get('granularity')) == HALT_POLICY]
+    _put(out, 'halt loops', lambda: halt[0]['avg_loops'])
+    _put(out, 'halt PPL ratio', lambda: halt[0]['ppl_ratio'])
+    return out
+
+# %% ../nbs/05_ablation.ipynb #9eef35d5
+def synthetic_record(
+    variant,
+    seed,
+    norm=10.0,
+    radial=1e-9,
+    ppl=(45, 43, 42, 41),
+    clamp_ratio=1.0,
+    median=None,
+    hill=2.0,
+    halt_loops=3.0,
+    growth=1.5,
+    width=128,
+    cot=None,
+    lemma_ratio=1.0,
+    status='done',
+) -> dict:
+    """A made-up finished run with every diagnostic the tables and claims read, for checks and tests: final-loop norm
+    `norm` (median `median`), ‖H_K‖/‖H_1‖ = `growth`, readout radial fraction `radial` (a normalized readout's
+    scale eps/mean(H^2) set so that radial/scale = `cot`, default 2·sqrt(2/(pi d)); its median per-token measured /
+    exact `lemma_ratio`, None: a report older than diagnostics v5, without it), PPL per exit, and the clamp's PPL@K
+    ratio `clamp_ratio` (one number, or {mode: ratio})."""
+    K, ce = len(ppl), [math.log(p) for p in ppl]
+    ratio = clamp_ratio if isinstance(clamp_ratio, dict) else dict.fromkeys(CLAMP_MODES, clamp_ratio)
+    norms = [norm * growth ** ((k - K) / max(K - 1, 1)) for k in range(1, K + 1)]
+    nrm = VARIANTS[variant].final_readout_normalized
+    scale = radial / (cot or 2 * unaligned_cos(width)) if nrm else None
+    row = dict(readout=radial, objective=radial, predicted=scale)  # as diagnostics v4 wrote it
+    if lemma_ratio is not None:  # as diagnostics v5+ write it: the lemma per token, for a normalized readout
+        lemma = dict(exact=radial / lemma_ratio, ratio_p05=0.9 * lemma_ratio, ratio_p50=lemma_ratio)
+        lemma.update(ratio_p95=1.1 * lemma_ratio, cot_median=cot or 2 * unaligned_cos(width))
+        row = dict(readout=radial, readout_whole=radial, objective=radial, scale=scale)
+        row.update({k: v if nrm else None for k, v in lemma.items()})
+    stats = lambda k, n: dict(
+        k=k,
+        n_tokens=1000,
+        mean=n,
+        median=(median or norm) * n / norm,
+        p99=2 * n,
+        max=3 * n,
+        sd=n / 10,
+        min=n / 5,
+        hill=hill,
+        tail_ratio=2.5,
+        hist=[1, 2, 1],
+        edges=[n / 5, n, 2 * n, 3 * n],
+    )
+    clamp = lambda r: [
+        dict(
+            k=k,
+            ce=c + math.log(r) * (k == K),
+            ppl=math.exp(c) * r ** (k == K),
+            norm_l2=n,
+            norm_rms=n / math.sqrt(width),
+        )
+        for k, (c, n) in enumerate(zip(ce, norms), 1)
+    ]
+    diag = dict(
+        exits={
+            s: [dict(k=k, ce=c, ppl=math.exp(c), bpb=c / 2) for k, c in enumerate(ce, 1)]
+            for s in ('validation', 'test')
+        },
+        norms=[stats(k, n) for k, n in enumerate(norms, 1)],
+        radial=[dict(k=k, **row) for k in range(1, K + 1)],
+        clamp={'none': clamp(1.0), **{m: clamp(ratio.get(m, 1.0)) for m in CLAMP_MODES}},
+        scale=[dict(alpha=a, ce=ce[-1], ppl=ppl[-1]) for a in (0.5, 1.0, 2.0)],
+        lemma2=[dict(k=k, s=norm * k / K, a=1.0, du=K / (norm * k), du_times_s=1.0) for k in range(1, 3 * K)],
+        halting=[
+            dict(
+                policy=p,
+                granularity=g,
+                threshold=0.5,
+                avg_loops=halt_loops,
+                ppl=ppl[-1] * 1.005,
+                ppl_ratio=1.005,
+                fixed_ppl=ppl[-1],
+            )
+            for p in ('max_prob', 'logit_margin')
+            for g in ('sequence', 'token')
+        ],
+    )
+    return dict(
+        variant=variant,
+        seed=seed,
+        status=status,
+        run_dir='',
+        message='',
+        radial_train=radial,
+        diag=diag if status == 'done' else {},
+    )
+
+# %% ../nbs/05_ablation.ipynb #724a98d1
+def synthetic_study(seeds=(0, 1), variants=None, **change) -> list:
+    """`synthetic_record`s of `variants` (default: all) x `seeds` in which every claim holds by a wide margin;
+    `change={variant: {argument: value}}` alters one variant in every seed."""
+    at_risk = dict(norm=1e4, radial=1e-9, ppl=(50, 49.9, 49.9, 49.8), growth=3.0, halt_loops=1.2)
+    spec = {v: dict(at_risk) if not VARIANTS[v].scale_controlled else dict(halt_loops=3.0) for v in VARIANTS}
+    for v in ('terminal-raw', 'perloop-raw'):
+        spec[v]['radial'] = 0.1
+    spec['internorm'].update(norm=1e3, growth=0.9)  # large, but not growing across loops: judged on growth
+    return [synthetic_record(v, s, **{**spec[v], **change.get(v, {})}) for s in seeds for v in (variants or VARIANTS)]
+
+# %% ../nbs/05_ablation.ipynb #ae910f44
+NO_LEMMA = 'not measured: diagnostics before v5 lack measured/exact per token; rerun diagnose_run'  # C2, old
+
+
 def _c1(m, names):
     at, ctl = _roles(names)
-    a, c = _vals(m, at, 'mean'), _vals(m, ctl, 'mean')
+    vis = [n for n in ctl if VARIANTS[n].scale_visible]
+    inn = [n for n in ctl if not VARIANTS[n].scale_visible]  # scale removed from the recurrence: judged on growth
+    a, c = _vals(m, at, 'mean'), _vals(m, vis, 'mean')
     if a is None or c is None:
         return None
     r = min(a) / max(c)
-    return dict(numbers={'min ‖H_K‖ at-risk': min(a), 'max ‖H_K‖ controlled': max(c), 'ratio': r}, holds=r >= 5)
+    num = {'min ‖H_K‖ at-risk': min(a), 'max ‖H_K‖ scale-visible': max(c), 'ratio': r}
+    if not inn:
+        return dict(numbers=num, holds=r >= MARGINS['drift'])
+    ga, gi = _vals(m, at, 'growth none'), _vals(m, inn, 'growth none')
+    if ga is None or gi is None:
+        return None
+    num.update({'min ‖H_K‖/‖H_1‖ at-risk': min(ga), 'max ‖H_K‖/‖H_1‖ inter-loop-normalized': max(gi)})
+    return dict(numbers=num, holds=r >= MARGINS['drift'] and min(ga) > max(gi))
 
 
 def _c2(m, names):
     nrm = [n for n in names if VARIANTS[n].final_readout_normalized]
     raw = [n for n in names if n not in nrm]
-    a, c = _vals(m, nrm, 'radial'), _vals(m, raw, 'radial')
+    a, c, w = _vals(m, nrm, 'radial'), _vals(m, raw, 'radial'), _vals(m, names, 'width')
     if a is None or c is None:
         return None
-    return dict(
-        numbers={'max radial normalized': max(a), 'min radial raw': min(c)}, holds=max(a) <= 1e-4 and min(c) >= 1e-2
-    )
+    num = {'max radial normalized': max(a), 'min radial raw': min(c)}
+    if w is not None:
+        base = unaligned_cos(max(w))
+        num.update({'unaligned √(2/(πd))': base, 'min radial raw / √(2/(πd))': min(c) / base})
+    blind = max(a) <= MARGINS['blind_normalized'] and min(c) >= MARGINS['blind_raw']
+    q, lo, hi, t = (_vals(m, nrm, k) for k in ('lemma ratio', 'lemma ratio p05', 'lemma ratio p95', '|cot| median'))
+    if q is None:  # diagnostics older than v5: no per-token ratio; not a failure
+        num['lemma'] = NO_LEMMA
+        return dict(numbers=num, holds=None if blind else False)
+    num.update({'min median measured/exact': min(q), 'max median measured/exact': max(q)})
+    if lo is not None and hi is not None and t is not None:
+        num.update({'min p05 measured/exact': min(lo), 'max p95 measured/exact': max(hi), 'max median |cot|': max(t)})
+    return dict(numbers=num, holds=blind and MARGINS['lemma_low'] <= min(q) and max(q) <= MARGINS['lemma_high'])
 
 
 def _c3(m, names):
@@ -842,28 +1179,50 @@ def _c3(m, names):
     a, c = _vals(m, at, 'gain'), _vals(m, ctl, 'gain')
     if a is None or c is None:
         return None
-    need = max(3 * max(max(a), 0), 0.01)
+    need = max(MARGINS['depth'] * max(max(a), 0), MARGINS['depth_min'])
     return dict(numbers={'max gain at-risk (nats)': max(a), 'min gain controlled (nats)': min(c)}, holds=min(c) >= need)
 
+# %% ../nbs/05_ablation.ipynb #83da0197
+def _c4(mode: str):
+    "C4 for one clamp mode: its PPL@K ratio on every at-risk per-loop variant, beside the scale it removes."
 
-def _c4(m, names):
-    at, _ = _roles(names, per_loop_only=True)
-    r = [x for mode in ('freeze_loop1', 'remove_radial') for x in (_vals(m, at, f'clamp {mode}') or [None])]
-    if not at or None in r:
-        return None
-    dev = max(abs(x - 1) for x in r)
-    return dict(numbers={'max |PPL ratio - 1|': dev}, holds=dev <= 0.01)
+    def claim(m, names):
+        at, _ = _roles(names, per_loop_only=True)
+        r, g, g0 = _vals(m, at, f'clamp {mode}'), _vals(m, at, f'growth {mode}'), _vals(m, at, 'growth none')
+        if r is None:
+            return None
+        dev = max(abs(x - 1) for x in r)
+        num = {'max |PPL ratio - 1|': dev}
+        if g is not None and g0 is not None:
+            num.update({'max ‖H_K‖/‖H_1‖ clamped': max(g), 'min ‖H_K‖/‖H_1‖ unclamped': min(g0)})
+        return dict(numbers=num, holds=dev <= MARGINS['clamp'])
+
+    return claim
 
 
-def _c5(m, names):
+def _c5a(m, names):
     at, ctl = _roles(names)
-    a, c, h = _vals(m, at, 'median'), _vals(m, ctl, 'median'), _vals(m, at, 'hill')
-    if a is None or c is None or h is None:
+    a, c = _vals(m, at, 'median'), _vals(m, [n for n in ctl if VARIANTS[n].scale_visible], 'median')
+    if a is None or c is None:
         return None
     r = min(a) / max(c)
-    return dict(numbers={'median ratio': r, 'max Hill at-risk': max(h)}, holds=r >= 5 and max(h) <= 10)
+    return dict(
+        numbers={'min median at-risk': min(a), 'max median scale-visible': max(c), 'ratio': r},
+        holds=r >= MARGINS['drift'],
+    )
 
 
+def _c5b(m, names):
+    at, _ = _roles(names)
+    h, p, x = _vals(m, at, 'hill'), _vals(m, at, 'p99/median'), _vals(m, at, 'max/median')
+    if h is None:
+        return None
+    num = {'max Hill at-risk': max(h), 'heavy below': HEAVY_TAIL_HILL}
+    if p is not None and x is not None:
+        num.update({'max p99/median at-risk': max(p), 'max max/median at-risk': max(x)})
+    return dict(numbers=num, holds=max(h) < HEAVY_TAIL_HILL)
+
+# %% ../nbs/05_ablation.ipynb #0d32983c
 def _c6(m, names):
     at, ctl = _roles(names, per_loop_only=True)
     ks = sorted({int(k[4:]) for n in at + ctl for k in m.get(n, {}) if k.startswith('ppl@')})
@@ -875,35 +1234,86 @@ def _c6(m, names):
     ]
     if not at or not ctl or not ks or None in ratios:
         return None
-    return dict(numbers={'max PPL ratio controlled/at-risk': max(ratios)}, holds=max(ratios) <= 0.99)
+    return dict(numbers={'max PPL ratio controlled/at-risk': max(ratios)}, holds=max(ratios) <= MARGINS['frontier'])
 
 
+def _c7(m, names):
+    at, ctl = _roles(names, per_loop_only=True)
+    a, c = _vals(m, at, 'halt loops'), _vals(m, ctl, 'halt loops')
+    if a is None or c is None:
+        return None
+    num = {'max avg loops at-risk': max(a), 'min avg loops controlled': min(c), 'loops saved': min(c) - max(a)}
+    return dict(numbers=num, holds=min(c) - max(a) >= MARGINS['halting'])
+
+# %% ../nbs/05_ablation.ipynb #335e194b
+# (title, statement, test, per-loop variants only, measures shown per variant: a key ending in @ names a family)
 CLAIMS = {
     'C1': (
         'drift',
-        'every variant whose supervised readouts are all scale-invariant ends with a mean ‖H_K‖ >= 5x that of every scale-controlled variant',
+        'every at-risk variant ends with a mean ‖H_K‖ >= 5x every scale-visible control\'s; where an '
+        'inter-loop-normalized variant ran, every at-risk ‖H_K‖/‖H_1‖ exceeds its',
         _c1,
+        False,
+        ['mean', 'growth none'],
     ),
     'C2': (
-        'blind spot',
-        'every normalized final readout passes a radial gradient fraction <= 1e-4, every raw one >= 1e-2',
+        'blind spot, lemma',
+        'every normalized final readout passes a radial fraction <= 1e-4, its median per-token measured/exact '
+        '(the visibility lemma\'s) in [0.5, 2]; every raw one >= 1e-2 (beside √(2/(πd)))',
         _c2,
+        False,
+        ['radial', 'radial exact', 'lemma ratio', 'lemma ratio p05', 'lemma ratio p95', '|cot| median', 'radial scale'],
     ),
     'C3': (
         'K-invariance',
-        'per-loop variants: every scale-controlled one gains >= 3x (and >= 0.01 nats) more from exit 1 to K than any at-risk one',
+        'per-loop variants: every scale-controlled one gains >= 3x (and >= 0.01 nats) more from '
+        'exit 1 to K than any at-risk one',
         _c3,
+        True,
+        ['gain'],
     ),
-    'C4': ('clamp', 'both clamp modes change every at-risk per-loop variant\'s PPL@K by <= 1%', _c4),
-    'C5': (
-        'per-token heavy tail',
-        'at-risk median token norm >= 5x every scale-controlled one, and Hill tail index <= 10',
-        _c5,
+    'C4a': (
+        'clamp freeze_loop1',
+        'freeze_loop1 changes every at-risk per-loop variant\'s PPL@K by <= 1%',
+        _c4('freeze_loop1'),
+        True,
+        ['clamp freeze_loop1', 'growth freeze_loop1', 'growth none'],
+    ),
+    'C4b': (
+        'clamp remove_radial',
+        'remove_radial changes every at-risk per-loop variant\'s PPL@K by <= 1%',
+        _c4('remove_radial'),
+        True,
+        ['clamp remove_radial', 'growth remove_radial', 'growth none'],
+    ),
+    'C5a': (
+        'per-token scale',
+        'at-risk median per-token ‖H_K‖ >= 5x every scale-visible control\'s',
+        _c5a,
+        False,
+        ['median'],
+    ),
+    'C5b': (
+        'tail shape',
+        'every at-risk variant\'s Hill index of the top 1% of token norms is below HEAVY_TAIL_HILL',
+        _c5b,
+        False,
+        ['hill', 'p99/median', 'max/median'],
     ),
     'C6': (
         'frontier',
         'per-loop: every scale-controlled variant reaches a PPL <= 0.99x every at-risk one at every matched exit',
         _c6,
+        True,
+        ['ppl@'],
+    ),
+    'C7': (
+        'halting',
+        'per-loop, logit_margin per sequence at 1.01x PPL: every at-risk variant exits >= 0.5 loops '
+        'earlier on average than every scale-controlled one',
+        _c7,
+        True,
+        ['halt loops', 'halt PPL ratio'],
     ),
 }
 
@@ -931,45 +1341,20 @@ def _verdict(mean_holds, held: int, n: int) -> str:
     return 'partly' if mean_holds or held else 'not reproduced at this scale'
 
 
-def claims(records) -> dict:
-    "C1-C6 over every variant of the study they speak of: numbers on the seed mean, the seeds each holds in, a verdict."
-    names = sorted({r['variant'] for r in records}, key=list(VARIANTS).index)
-    views, out = _views(records), {}
-    for cid, (title, statement, f) in CLAIMS.items():
-        res = {view: f(m, names) for view, m in views.items()}
-        mean, seeds = res.pop('mean'), res
-        held = sum(bool(r and r['holds']) for r in seeds.values())
-        at, ctl = _roles(names, per_loop_only=cid in ('C3', 'C4', 'C6'))
-        out[cid] = dict(
-            title=title,
-            statement=statement,
-            at_risk=at,
-            controlled=ctl,
-            numbers=mean['numbers'] if mean else {},
-            holds_on_mean=mean['holds'] if mean else None,
-            per_seed={str(s): (r['holds'] if r else None) for s, r in seeds.items()},
-            seeds_held=f"{held}/{len(seeds)}",
-            verdict=_verdict(mean['holds'] if mean else None, held, len(seeds)),
-        )
+def _by_variant(views: dict, names: list, keys: list) -> dict:
+    "Per variant, each measure a claim read: [seed mean, min over seeds, max over seeds]."
+    out = {}
+    for n in names:
+        runs = [v[n] for s, v in views.items() if s != 'mean' and n in v]
+        ks = sorted({k for r in runs for k in r if any(k == q or (q.endswith('@') and k.startswith(q)) for q in keys)})
+        out[n] = {
+            k: [views['mean'][n][k], min(r[k] for r in runs if k in r), max(r[k] for r in runs if k in r)] for k in ks
+        }
     return out
 
 
-def claims_markdown(cl: dict) -> str:
-    "The claims as a Markdown table: statement, numbers on the seed mean, seeds it holds in, verdict."
-    rows = [
-        f"| {c} {v['title']} | {_md(v['statement'])} | "
-        + ', '.join(f"{_md(k)} {_fmt(x)}" for k, x in v['numbers'].items())
-        + f" | {v['seeds_held']} | {v['verdict']} |"
-        for c, v in cl.items()
-    ]
-    return (
-        '\n'.join(['| claim | holds when | measured (seed mean) | seeds | verdict |', '|---|---|---|---|---|', *rows])
-        + '\n'
-    )
-
-
-def publish(records, st: Study, throughput=None, figures: bool = True):
-    "records.json, the tables, claims.json/claims.md into `study_dir` and the figures into `fig_dir` (call under the out_dir lock)."
+def publish(records, st: Study, throughput=None):
+    "records.json, the tables and claims.json/.md into `study_dir` (under `study_lock`); figures: 06's `make_figures`."
     sweep_stale_tmp(st.study_dir)
     write_atomic(
         st.study_dir / 'records.json',
@@ -982,7 +1367,95 @@ def publish(records, st: Study, throughput=None, figures: bool = True):
     cl = claims(records)
     write_atomic(st.study_dir / 'claims.json', json.dumps(cl, indent=1))
     write_atomic(st.study_dir / 'claims.md', claims_markdown(cl))
-    if figures and any(r['status'] == 'done' for r in records):
-        from looped_lm.figures import make_figures
 
-        make_figures(st.out_dir, st.fig_dir, variants=st.variants, seeds=st.seeds)
+# %% ../nbs/05_ablation.ipynb #e7486f2c
+def claim_set(records, names: list) -> dict:
+    "Every claim over the variants `names` of `records`: seed-mean numbers and verdict, per-seed verdicts and numbers."
+    views, out = _views([r for r in records if r['variant'] in names]), {}
+    for cid, (title, statement, test, per_loop, keys) in CLAIMS.items():
+        res = {view: test(m, names) for view, m in views.items()}
+        mean, seeds = res.pop('mean'), res
+        held = sum(bool(r and r['holds']) for r in seeds.values())
+        at, ctl = _roles(names, per_loop_only=per_loop)
+        nums = {
+            k: [r['numbers'][k] for r in seeds.values() if r and k in r['numbers']]
+            for k in (mean or {}).get('numbers', {})
+        }
+        out[cid] = dict(
+            title=title,
+            statement=statement,
+            at_risk=at,
+            controlled=ctl,
+            numbers=mean['numbers'] if mean else {},
+            seed_range={k: [min(v), max(v)] for k, v in nums.items() if v},
+            holds_on_mean=mean['holds'] if mean else None,
+            per_seed={str(s): (r['holds'] if r else None) for s, r in seeds.items()},
+            seeds_held=f"{held}/{len(seeds)}",
+            verdict=_verdict(mean['holds'] if mean else None, held, len(seeds)),
+            by_variant=_by_variant(views, names if cid == 'C2' else at + ctl, keys),
+        )
+    return out
+
+# %% ../nbs/05_ablation.ipynb #f9ae8bc2
+SECTIONS = dict(
+    primary="Primary analysis (pre-registered): the paper's seven official conditions, claims as the paper states them",
+    extension='Extension (generalisation test): the same claims over every variant of the study, ours included',
+)
+
+
+def claims(records) -> dict:
+    "The pre-registered claims: `primary` over the study's official conditions, `extension` over all its variants."
+    names = sorted({r['variant'] for r in records}, key=list(VARIANTS).index)
+    official = [n for n in names if VARIANTS[n].group == 'official']
+    ext = names if any(VARIANTS[n].group != 'official' for n in names) else []
+    return dict(
+        primary=dict(label=SECTIONS['primary'], variants=official, claims=claim_set(records, official)),
+        extension=dict(label=SECTIONS['extension'], variants=ext, claims=claim_set(records, ext) if ext else {}),
+        preregistration=dict(
+            margins=MARGINS,
+            halting_policy='/'.join(HALT_POLICY),
+            heavy_tail_hill=HEAVY_TAIL_HILL,
+            internorm='judged on growth across loops ‖H_K‖/‖H_1‖, not on its absolute norm (C1); not in C5a',
+            verdicts='reproduced: on the mean and every seed; partly: on the mean or some seeds; not reproduced at '
+            'this scale: nowhere; not measured: variants or diagnostics absent',
+        ),
+    )
+
+
+def claims_markdown(cl: dict) -> str:
+    "The claims as Markdown, a table per section: statement, seed-mean numbers [range over seeds], seeds, verdict."
+    out = []
+    for sec in ('primary', 'extension'):
+        s = cl[sec]
+        out += [f"## {s['label']}", '', f"Variants: {', '.join(s['variants']) or 'none in this study'}.", '']
+        if not s['claims']:
+            continue
+        out += ['| claim | holds when | measured (seed mean [seed range]) | seeds | verdict |', '|---|---|---|---|---|']
+        for c, v in s['claims'].items():
+            nums = ', '.join(
+                f"{_md(k)} {_fmt(x)}"
+                + (
+                    f" [{_fmt(v['seed_range'][k][0])}, {_fmt(v['seed_range'][k][1])}]"
+                    if k in v['seed_range'] and len(v['per_seed']) > 1
+                    else ''
+                )
+                for k, x in v['numbers'].items()
+            )
+            out.append(f"| {c} {v['title']} | {_md(v['statement'])} | {nums} | {v['seeds_held']} | {v['verdict']} |")
+        out.append('')
+    return '\n'.join(out)
+
+# %% ../nbs/05_ablation.ipynb #80e7a75f
+def write_claims(records, study_dir) -> dict:
+    "`claims.json` and `claims.md` of `records` into `study_dir`, each written atomically."
+    cl = claims(records)
+    write_atomic(Path(study_dir) / 'claims.json', json.dumps(cl, indent=1))
+    write_atomic(Path(study_dir) / 'claims.md', claims_markdown(cl))
+    return cl
+
+
+def rebuild(study_dir) -> dict:
+    "Every table, `claims.json` and `claims.md` of a study rebuilt from its `runs.jsonl` alone (+ `throughput.json`)."
+    records = read_run_records(study_dir)
+    write_tables(records, study_dir, read_throughput(study_dir))
+    return write_claims(records, study_dir)

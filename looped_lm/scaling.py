@@ -4,20 +4,19 @@
 
 # %% ../nbs/07_scaling.ipynb #4c7d2bca
 from __future__ import annotations
-import dataclasses, json, math, numbers, os, time
+import dataclasses, functools, json, math, numbers, os, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
-import numpy as np, pandas as pd, torch
+import numpy as np, pandas as pd
 from .config import ExperimentConfig, ConfigError, load_preset
-from .data import prepare_data, write_atomic, dir_lock
+from .data import prepare_data, write_atomic
 from .model import LoopedLM, LoopedLMConfig, num_params, train_flops_per_token
 from looped_lm.train import (
     train,
     TrainingError,
     RunDirError,
     run_status,
-    read_metrics,
     latest_checkpoint,
     load_run,
     resolve_device,
@@ -32,15 +31,25 @@ from looped_lm.diagnostics import (
     DIAG_VERSION,
 )
 from .protocol import as_spec
-from .ablation import VARIANTS, check_variants, check_seeds, repo_root, to_markdown, check_folder
+from looped_lm.ablation import (
+    VARIANTS,
+    check_variants,
+    check_seeds,
+    repo_root,
+    to_markdown,
+    check_folder,
+    job_data,
+    run_study_jobs,
+    study_lock,
+)
 
 # %% auto #0
 __all__ = ['AT_RISK', 'CONTROLS', 'RECIPES', 'AXES', 'GRIDS', 'REFERENCE', 'SCALING_VERSION', 'PAPER_TOKENS', 'PAPER_DRIFT',
-           'MEASURES', 'MD_COLUMNS', 'Axis', 'Point', 'scaling_points', 'Grid', 'train_flops', 'estimate_seconds',
-           'Job', 'Plan', 'scaling_run_dir', 'check_scaling', 'measure_key', 'read_measure', 'measure_run',
-           'train_seconds', 'train_job', 'measure_columns', 'job_row', 'add_c6', 'scaling_table', 'axis_rows',
-           'fit_growth', 'growth_table', 'wall_seconds', 'fig_drift', 'fig_axes', 'reading', 'Scaling', 'write_results',
-           'draw', 'run_scaling']
+           'MD_COLUMNS', 'Axis', 'Point', 'scaling_points', 'Grid', 'train_flops', 'estimate_seconds', 'Job', 'Plan',
+           'scaling_run_dir', 'check_scaling', 'measure_key', 'read_measure', 'measure_run', 'train_seconds',
+           'train_job', 'measure_columns', 'job_row', 'add_c6', 'scaling_table', 'axis_rows', 't_quantile',
+           'local_slopes', 'fit_growth', 'growth_table', 'wall_seconds', 'study_title', 'reading', 'Scaling',
+           'write_results', 'run_scaling', 'read_markdown_table', 'published_table']
 
 # %% ../nbs/07_scaling.ipynb #9e3cef37
 AT_RISK = 'perloop-rmsnorm'  # per-loop CE through RMSNorm readouts: the at-risk setting
@@ -70,7 +79,7 @@ def _positive(axis: str, v, integer: bool = False):
         )
     return int(v) if integer else float(v)
 
-
+# %% ../nbs/07_scaling.ipynb #99dcdf74
 def _budget(base: ExperimentConfig, m) -> dict:
     steps = round(_positive('budget', m) * base.steps)
     if steps < 1:
@@ -97,7 +106,7 @@ def _width(base: ExperimentConfig, d) -> dict:
         )
     return dict(d_model=d)
 
-
+# %% ../nbs/07_scaling.ipynb #b14d09e3
 def _recipe(base: ExperimentConfig, name) -> dict:
     if not isinstance(name, str) or name not in RECIPES:
         raise ConfigError(
@@ -120,7 +129,7 @@ class Axis:
     centre: Callable  # centre config -> the centre's value on this axis
     example: str  # what a good list looks like (in error messages)
 
-
+# %% ../nbs/07_scaling.ipynb #f22225fc
 AXES = {
     a.name: a
     for a in [
@@ -142,6 +151,7 @@ class Point:
     overrides: dict
 
     def config(self, base: ExperimentConfig) -> ExperimentConfig:
+        "The point's training config: the centre `base` with this point's overrides."
         return base.replace(**self.overrides)
 
 
@@ -157,9 +167,9 @@ def _values(axis: str, values) -> list:
         raise ConfigError(f"axis {axis}: give a non-empty list of values, e.g. {AXES[axis].example}; got {values!r}.")
     return vals
 
-
+# %% ../nbs/07_scaling.ipynb #f56a3ca7
 def scaling_points(base_cfg: ExperimentConfig, axes: dict) -> list:
-    "The centre (`base_cfg` as is) once, then each axis's other values one at a time, every value and config checked first."
+    "The centre (`base_cfg` as is) once, then each axis's other values one at a time; every value and config checked."
     if not isinstance(axes, dict) or not axes:
         raise ConfigError(f"axes must be a non-empty dict {{axis: [values]}} over {', '.join(AXES)}; got {axes!r}.")
     points, seen = [Point('centre', 'centre', None, {})], {_config_key(base_cfg): 'centre'}
@@ -179,7 +189,7 @@ def scaling_points(base_cfg: ExperimentConfig, axes: dict) -> list:
 # %% ../nbs/07_scaling.ipynb #7686498d
 @dataclass(frozen=True)
 class Grid:
-    "A named study: the centre (a preset with `overrides`), the axes around it, the variants, the seeds and the measurement's budget."
+    "A named study: the centre (a preset with `overrides`), the axes, variants, seeds and the measurement's budget."
 
     preset: str
     axes: dict
@@ -190,7 +200,7 @@ class Grid:
     radial_tokens: int = 4096  # the first of those: the float64 radial gradient fraction
     publish: bool = True  # default figures in figures/scaling-<grid>/ (False: in the study folder)
 
-
+# %% ../nbs/07_scaling.ipynb #054f72ec
 GRIDS = {
     'tiny': Grid(
         'smoke',
@@ -220,9 +230,9 @@ def train_flops(cfg: ExperimentConfig) -> float:
         * train_flops_per_token(LoopedLMConfig.from_experiment(cfg), cfg.seq_len, cfg.loss)
     )
 
-
+# %% ../nbs/07_scaling.ipynb #b57caae3
 def estimate_seconds(cfgs: list, reference: tuple = REFERENCE) -> float:
-    "Training seconds of the runs `cfgs`, from their FLOPs at the reference preset's measured FLOP rate (tokens/s x FLOPs/token)."
+    "Training seconds of the runs `cfgs`: their FLOPs at the reference preset's measured rate (tokens/s x FLOPs/token)."
     ref = load_preset(reference[0])
     rate = reference[1] * train_flops_per_token(LoopedLMConfig.from_experiment(ref), ref.seq_len, ref.loss)
     return sum(train_flops(c) for c in cfgs) / rate
@@ -240,6 +250,7 @@ class Job:
 
     @property
     def label(self) -> str:
+        "How progress lines and errors name the run: point, variant and seed."
         return f"{self.point.name} {self.variant} seed {self.seed}"
 
 
@@ -256,7 +267,7 @@ class Plan:
     fig_dir: Path
     device: str
 
-
+# %% ../nbs/07_scaling.ipynb #bb0781ad
 def scaling_run_dir(out_dir, point: str, variant: str, seed: int) -> Path:
     "The run directory of (point, variant, seed) in a study folder."
     return Path(out_dir) / 'runs' / f"{point}-{variant}-seed{seed}"
@@ -280,9 +291,9 @@ def _check_tokens(spec: Grid, base: ExperimentConfig):
             f"radial_tokens ({spec.radial_tokens}) must be <= measure_tokens ({spec.measure_tokens}); lower it."
         )
 
-
+# %% ../nbs/07_scaling.ipynb #74504fa3
 def check_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, device: str = 'auto') -> Plan:
-    "Every run of the study (point x variant x seed) with its config, and every path, checked before any folder is created."
+    "Every run of the study (point x variant x seed) with its config, and every path, checked before any folder exists."
     name, spec = _grid(grid)
     base = load_preset(preset or spec.preset, **spec.overrides)
     if device not in ('auto', 'cpu', 'cuda'):
@@ -350,7 +361,7 @@ def measure_key(run_dir, data, tokens: int, radial_tokens: int) -> dict | None:
         data=_ids(data)[1],
     )
 
-
+# %% ../nbs/07_scaling.ipynb #e0272fcd
 def read_measure(run_dir, key: dict) -> dict | None:
     "The cached `scaling.json` of `run_dir` if it was written for `key`; None when missing, damaged or of another key."
     try:
@@ -359,9 +370,9 @@ def read_measure(run_dir, key: dict) -> dict | None:
         return None
     return m if matches_key(m, key) else None
 
-
+# %% ../nbs/07_scaling.ipynb #bf51553d
 def measure_run(run_dir, data, tokens: int = 16384, radial_tokens: int = 4096, device: str = 'cpu') -> dict:
-    "Exits, per-loop norms and float64 radial fractions of a run's newest checkpoint on the first validation tokens (cached)."
+    "Exits, per-loop norms and float64 radial fractions of a run's newest checkpoint on the first validation tokens."
     run_dir = Path(run_dir)
     key = measure_key(run_dir, data, tokens, radial_tokens)
     if key is None:
@@ -408,7 +419,7 @@ def train_seconds(run_dir) -> float:
     except (OSError, ValueError, KeyError, TypeError):
         return float('nan')
 
-
+# %% ../nbs/07_scaling.ipynb #b3eac479
 def train_job(job: Job, data, progress: bool = True) -> str:
     "Train (or resume, or skip) one run; its final state ('done', 'failed', 'running'), the seconds it took recorded."
     before, t0 = run_status(job.run_dir).get('step', 0), time.time()
@@ -421,6 +432,17 @@ def train_job(job: Job, data, progress: bool = True) -> str:
         if run_status(job.run_dir).get('step', 0) > before:
             _add_train_seconds(job.run_dir, time.time() - t0)
     return run_status(job.run_dir).get('state', 'missing')
+
+
+def _scale_one(job: dict) -> str:
+    "The shared study runner's work for one run of the grid: train it (`train_job`), then measure it when finished."
+    data = job_data(job)
+    state = train_job(job['job'], data, job['progress'])
+    if state == 'done':
+        measure_run(job['run_dir'], data, *job['tokens'], job['device'])
+    if job['progress']:
+        print(f"{job['head']}: {state}", flush=True)
+    return state
 
 # %% ../nbs/07_scaling.ipynb #0e151480
 def measure_columns(m: dict) -> dict:
@@ -438,7 +460,7 @@ def measure_columns(m: dict) -> dict:
         'measure_s': m.get('seconds'),
     }
 
-
+# %% ../nbs/07_scaling.ipynb #91d9f3b8
 def job_row(job: Job, plan: Plan, data, measure: bool = True) -> dict:
     "One row of the table: what the run is, its status and (when it finished, and `measure`) its measurement."
     cfg, st = job.cfg, run_status(job.run_dir)
@@ -466,7 +488,7 @@ def job_row(job: Job, plan: Plan, data, measure: bool = True) -> dict:
         )
     return row
 
-
+# %% ../nbs/07_scaling.ipynb #33af1f34
 def add_c6(df: pd.DataFrame) -> pd.DataFrame:
     "Column `c6`: max over matched exits of the row's PPL@k / the at-risk run's PPL@k at the same point and seed."
     ks = sorted(int(c[4:]) for c in df.columns if c.startswith('ppl@') and c[4:].isdigit())
@@ -490,7 +512,7 @@ def scaling_table(plan: Plan, data, measure: bool = True) -> pd.DataFrame:
     "Every point x variant x seed of the plan as one tidy frame (measuring what is finished and not measured yet)."
     return add_c6(pd.DataFrame([job_row(j, plan, data, measure) for j in plan.jobs]))
 
-
+# %% ../nbs/07_scaling.ipynb #32942147
 def axis_rows(df: pd.DataFrame, axis: str, plan: Plan) -> pd.DataFrame:
     "The rows of one axis, the centre's included (with the centre's value on that axis), in the axis's order."
     centre = AXES[axis].centre(plan.base)
@@ -504,12 +526,38 @@ PAPER_TOKENS = 1_638_400_000  # the official 4 epochs of WikiText-103 (settings.
 PAPER_DRIFT = {'44M': 39207.0, '129M': 56051.0}  # the paper's final-loop norms of the at-risk model at that budget
 
 
+@functools.lru_cache
+def t_quantile(p: float, dof: int) -> float:
+    "The `p`-quantile (0.5 < p < 1) of Student's t with `dof` degrees of freedom: bisection on its integrated density."
+    c = math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)) / math.sqrt(dof * math.pi)
+
+    def cdf(x):
+        u = np.linspace(0.0, x, 4001)
+        return 0.5 + np.trapezoid(c * (1 + u * u / dof) ** (-(dof + 1) / 2), u)
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        lo, hi = hi, 2 * hi
+    for _ in range(60):
+        lo, hi = (lo, (lo + hi) / 2) if cdf((lo + hi) / 2) >= p else ((lo + hi) / 2, hi)
+    return (lo + hi) / 2
+
+
+def local_slopes(tokens, norms) -> list:
+    "d ln(norm) / d ln(tokens) between neighbouring budgets (sorted by tokens): where a single power law bends."
+    t, y = (np.asarray(a, dtype=np.float64) for a in (tokens, norms))
+    o = np.argsort(t)
+    t, y = t[o], y[o]
+    return [float(np.log(y[i + 1] / y[i]) / np.log(t[i + 1] / t[i])) for i in range(len(t) - 1)]
+
+# %% ../nbs/07_scaling.ipynb #1cda33c6
 def fit_growth(tokens, norms) -> dict:
-    "Least squares of ln(norm) on ln(tokens): norm ~ exp(intercept) * tokens**exponent, the exponent's standard error, and `predict`."
+    "Least squares of ln(norm) on ln(tokens): exponent, its s.e. and 95% t interval, and `predict(t, band)`."
     t, y = np.asarray(tokens, dtype=np.float64).ravel(), np.asarray(norms, dtype=np.float64).ravel()
     if t.shape != y.shape or len(np.unique(t)) < 2:
         raise ValueError(
-            f"fit_growth needs tokens and norms of the same length with at least two distinct budgets; got {len(t)} and {len(y)}."
+            "fit_growth needs tokens and norms of the same length with at least two distinct budgets; "
+            f"got {len(t)} and {len(y)}."
         )
     if not (np.isfinite(t).all() and np.isfinite(y).all() and (t > 0).all() and (y > 0).all()):
         raise ValueError(
@@ -519,17 +567,20 @@ def fit_growth(tokens, norms) -> dict:
     beta = np.linalg.lstsq(X, ly, rcond=None)[0]
     resid, dof = ly - X @ beta, len(t) - 2
     cov = (resid @ resid / dof if dof > 0 else np.nan) * np.linalg.inv(X.T @ X)
-    ss = ((ly - ly.mean()) ** 2).sum()
+    ss, t95 = ((ly - ly.mean()) ** 2).sum(), t_quantile(0.975, dof) if dof > 0 else float('nan')
 
-    def predict(at):
+    def predict(at, band: float = 1.0):
+        "(fit, low, high) at tokens `at`: the line ± `band` standard errors (`t95` of them: the 95% band)."
         x = np.log(np.asarray(at, dtype=np.float64))
-        mid = beta[0] + beta[1] * x
-        se = np.sqrt(cov[0, 0] + 2 * x * cov[0, 1] + x * x * cov[1, 1])
-        return np.exp(mid), np.exp(mid - se), np.exp(mid + se)
+        mid, se = beta[0] + beta[1] * x, np.sqrt(cov[0, 0] + 2 * x * cov[0, 1] + x * x * cov[1, 1])
+        return np.exp(mid), np.exp(mid - band * se), np.exp(mid + band * se)
 
+    se = float(np.sqrt(cov[1, 1]))
     return dict(
         exponent=float(beta[1]),
-        stderr=float(np.sqrt(cov[1, 1])),
+        stderr=se,
+        t95=t95,
+        ci95=(float(beta[1] - t95 * se), float(beta[1] + t95 * se)),
         intercept=float(beta[0]),
         n=len(t),
         dof=dof,
@@ -540,7 +591,7 @@ def fit_growth(tokens, norms) -> dict:
 
 # %% ../nbs/07_scaling.ipynb #850715f5
 def growth_table(df: pd.DataFrame, plan: Plan) -> tuple:
-    "({variant: fit}, frame): the drift's power-law fit along the budget axis per variant, and its value at PAPER_TOKENS."
+    "({variant: fit}, frame): per variant, the drift's power-law fit on the budget axis and its value at PAPER_TOKENS."
     if 'budget' not in plan.spec.axes:
         return {}, pd.DataFrame()
     rows, fits = [], {}
@@ -552,7 +603,7 @@ def growth_table(df: pd.DataFrame, plan: Plan) -> tuple:
             rows.append(dict(variant=v, budgets=r.tokens.nunique()))
             continue
         f = fits[v] = fit_growth(r.tokens, r.norm)
-        mid, lo, hi = f['predict'](PAPER_TOKENS)
+        (mid, lo, hi), (_, lo95, hi95) = f['predict'](PAPER_TOKENS), f['predict'](PAPER_TOKENS, f['t95'])
         rows.append(
             {
                 'variant': v,
@@ -561,10 +612,15 @@ def growth_table(df: pd.DataFrame, plan: Plan) -> tuple:
                 'tokens to': r.tokens.max(),
                 'exponent': f['exponent'],
                 'exponent s.e.': f['stderr'],
+                'exponent 95% from': f['ci95'][0],
+                'exponent 95% to': f['ci95'][1],
                 'R²': f['r2'],
+                'local slopes': ', '.join(f'{s:.2f}' for s in local_slopes(r.tokens, r.norm)),
                 'norm at paper budget': float(mid),
                 '-1 s.e.': float(lo),
                 '+1 s.e.': float(hi),
+                '95% from': float(lo95),
+                '95% to': float(hi95),
                 **{f'paper {k}': x for k, x in PAPER_DRIFT.items()},
             }
         )
@@ -588,121 +644,12 @@ def wall_seconds(df: pd.DataFrame) -> float:
     return float(np.nansum(df[cols].to_numpy(dtype=float))) if cols and len(df) else float('nan')
 
 
-def _title(plan: Plan, df: pd.DataFrame) -> str:
+def study_title(plan: Plan, df: pd.DataFrame) -> str:
+    "One line naming the grid, its centre, the finished runs and the wall time (the figures' and the reading's title)."
     return (
         f"{plan.grid} grid ({plan.base.name} centre, d={plan.base.d_model}, K={plan.base.K}): "
         f"{(df.status == 'done').sum()}/{len(df)} runs, wall time {_wall(wall_seconds(df))} (training + measuring)"
     )
-
-
-def _trajectory(run_dir) -> tuple:
-    "(tokens, final-loop mean norm) along a run's training records."
-    cfg = json.loads((Path(run_dir) / 'config.json').read_text())
-    recs = read_metrics(run_dir, 'train')
-    return [r['step'] * cfg['batch_size'] * cfg['seq_len'] for r in recs], [r['norm'][-1]['mean'] for r in recs]
-
-
-def fig_drift(df: pd.DataFrame, plan: Plan, fits: dict):
-    "(a) final-loop norm vs training tokens, log-log, with the power-law fits; (b) the fits carried to the paper's budget."
-    import matplotlib.pyplot as plt, seaborn as sns
-    from looped_lm.figures import STYLE, palette
-
-    sns.set_theme(**STYLE)
-    b = axis_rows(df, 'budget', plan)
-    b = b[b.status == 'done']
-    pal = palette(list(plan.spec.variants))
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
-    for v in check_variants(list(plan.spec.variants)):
-        r = b[b.variant == v]
-        if not len(r):
-            continue
-        ax.scatter(r.tokens, r.norm, color=pal[v], zorder=3)
-        big = r.loc[r.tokens.idxmax()]
-        ax.plot(*_trajectory(scaling_run_dir(plan.out_dir, big.point, v, big.seed)), color=pal[v], lw=0.7, alpha=0.5)
-        if v not in fits:
-            continue
-        f, tt = fits[v], np.geomspace(r.tokens.min(), r.tokens.max(), 50)
-        ax.plot(
-            tt, f['predict'](tt)[0], color=pal[v], ls='--', label=f"{v}: b = {f['exponent']:.2f} ± {f['stderr']:.2f}"
-        )
-        far = np.geomspace(r.tokens.min(), PAPER_TOKENS * 1.5, 80)
-        mid, lo, hi = f['predict'](far)
-        ax2.plot(far, mid, color=pal[v], ls='--', label=v)
-        ax2.fill_between(far, lo, hi, color=pal[v], alpha=0.2)
-        ax2.scatter(r.tokens, r.norm, color=pal[v], s=12)
-    for (k, x), m in zip(PAPER_DRIFT.items(), ('*', 'P')):
-        ax2.scatter([PAPER_TOKENS], [x], marker=m, s=120, color='k', zorder=4, label=f'paper {k}: {x:,.0f}')
-    ax2.axvline(PAPER_TOKENS, color='gray', ls=':', lw=0.8)
-    for a in (ax, ax2):
-        a.set_xscale('log')
-        a.set_yscale('log')
-        a.set_xlabel('training tokens')
-    ax.set_ylabel(r'final-loop norm $\|H_K\|$ (mean per token)')
-    ax.set_title('(a) measured, with power-law fits', fontsize=9)
-    ax2.set_title('(b) the fits extrapolated (a guess)', fontsize=9)
-    ax.legend(fontsize=7)
-    ax2.legend(fontsize=7, loc='upper left')
-    fig.suptitle(_title(plan, df), fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
-def _tokens(t) -> str:
-    return f"{t / 1e6:.3g}M" if t >= 1e6 else f"{t / 1e3:.3g}k"
-
-
-MEASURES = [
-    ('norm', r'$\|H_K\|$', 'log'),
-    ('radial', 'radial fraction (final readout)', 'log'),
-    ('gain', 'gain exit 1→K (nats)', 'linear'),
-    ('c6', 'C6: PPL / at-risk PPL (max over exits)', 'linear'),
-]
-
-
-def fig_axes(df: pd.DataFrame, plan: Plan):
-    "One column per axis, one row per measure: how each changes along each axis, per variant (seed mean)."
-    import matplotlib.pyplot as plt, seaborn as sns
-    from looped_lm.figures import STYLE, palette
-
-    sns.set_theme(**STYLE)
-    from matplotlib.ticker import NullFormatter
-
-    axes, pal = list(plan.spec.axes), palette(list(plan.spec.variants))
-    fig, grid = plt.subplots(len(MEASURES), len(axes), figsize=(3.2 * len(axes), 2.5 * len(MEASURES)), squeeze=False)
-    for j, axis in enumerate(axes):
-        rows = axis_rows(df[df.status == 'done'], axis, plan)
-        xkey = 'tokens' if axis == 'budget' else 'value'
-        cats = list(dict.fromkeys(rows.value)) if axis == 'lr_wd' else None
-        for i, (col, label, scale) in enumerate(MEASURES):
-            ax = grid[i][j]
-            for v in check_variants(list(plan.spec.variants)):
-                r = rows[rows.variant == v]
-                if col not in r or r[col].isna().all():
-                    continue
-                m = r.groupby(xkey, sort=False)[col].mean()
-                x = [cats.index(k) for k in m.index] if cats else list(m.index)
-                ax.plot(x, m.values, 'o-', color=pal[v], label=v, ms=4)
-            if col == 'c6':
-                ax.axhline(0.99, color='k', ls='--', lw=0.8)
-                ax.axhline(1.0, color='gray', ls=':', lw=0.8)
-            if col == 'gain':
-                ax.axhline(0, color='gray', ls=':', lw=0.8)
-            ax.set_yscale(scale)
-            if axis != 'lr_wd':
-                ax.set_xscale('log', base=10 if axis == 'budget' else 2)
-                ticks = sorted(set(rows[xkey]))
-                ax.set_xticks(ticks, [_tokens(x) if axis == 'budget' else str(x) for x in ticks], fontsize=7)
-                ax.xaxis.set_minor_formatter(NullFormatter())
-            if cats:
-                ax.set_xticks(range(len(cats)), cats, rotation=20, fontsize=7)
-            if i == len(MEASURES) - 1:
-                ax.set_xlabel(AXES[axis].label)
-            if j == 0:
-                ax.set_ylabel(label, fontsize=8)
-    grid[0][-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1))
-    fig.suptitle(_title(plan, df), fontsize=9)
-    fig.tight_layout()
-    return fig
 
 # %% ../nbs/07_scaling.ipynb #999d7762
 def _n(x) -> str:
@@ -713,57 +660,64 @@ def _n(x) -> str:
 
 
 def _verdict(f: dict) -> str:
-    b, se = f['exponent'], f['stderr']
-    if not np.isfinite(se):
-        return 'no standard error (fewer than 3 budgets)'
-    if b - 2 * se > 0:
-        return 'grows'
-    if b + 2 * se < 0:
-        return 'shrinks'
-    return 'no trend distinguishable from zero at 2 s.e.'
+    lo, hi = f['ci95']
+    if not np.isfinite(lo):
+        return 'no interval (fewer than 3 budgets)'
+    if lo > 0:
+        return 'grows (95% interval above zero)'
+    if hi < 0:
+        return 'shrinks (95% interval below zero)'
+    return 'no trend distinguishable from zero (the 95% interval spans it)'
 
 
 def _span(s: pd.Series) -> str:
     s = s.dropna()
     return '–' if not len(s) else (_n(s.iloc[0]) if len(s) == 1 else f"{_n(s.min())} to {_n(s.max())}")
 
-
-def reading(df: pd.DataFrame, plan: Plan, fits: dict) -> str:
-    "The result in sentences with their numbers: growth per variant, the extrapolation (a guess), the claims' margins per point."
-    done, ctl = df[df.status == 'done'], [v for v in plan.spec.variants if v != AT_RISK]
-    out = [f"**{_title(plan, df)}.**"]
-    if (bad := df[df.status != 'done']).shape[0]:
-        out.append(f"Not finished: {', '.join(f'{r.point} {r.variant} ({r.status})' for r in bad.itertuples())}.")
-    if 'norm' not in done or not len(done):
-        return '\n\n'.join(out + ['No run is measured yet.'])
+# %% ../nbs/07_scaling.ipynb #5e23ef07
+def _fit_sentences(done: pd.DataFrame, plan: Plan, fits: dict) -> list:
+    "Per variant the drift exponent with its 95% interval; the at-risk fit at the paper's budget, labelled a guess."
+    out = []
     for v, f in fits.items():
+        ci = f", 95% t interval {f['ci95'][0]:.2f} to {f['ci95'][1]:.2f} ({f['dof']} dof)" if f['dof'] > 0 else ''
         out.append(
-            f"- `{v}`: drift exponent b = {f['exponent']:.2f} ± {f['stderr']:.2f} over {f['n']} budgets "
+            f"- `{v}`: drift exponent b = {f['exponent']:.2f} ± {f['stderr']:.2f}{ci} over {f['n']} budgets "
             f"(R² {_n(f['r2'])}): {_verdict(f)}."
         )
     if AT_RISK in fits:
-        mid, lo, hi = fits[AT_RISK]['predict'](PAPER_TOKENS)
+        f = fits[AT_RISK]
+        (mid, lo, hi), (_, lo95, hi95) = f['predict'](PAPER_TOKENS), f['predict'](PAPER_TOKENS, f['t95'])
         b = axis_rows(done[done.variant == AT_RISK], 'budget', plan)
+        slopes = ', '.join(f'{s:.2f}' for s in local_slopes(b.tokens, b.norm))
         big, n_params = b.tokens.max(), b.params.max()  # the fitted runs' budget and model
         out.append(
             f"- Carried to the paper's {PAPER_TOKENS:.4g} tokens, the `{AT_RISK}` fit gives ‖H_K‖ ≈ {_n(mid)} "
-            f"(±1 s.e. {_n(lo)} to {_n(hi)}), against the paper's {PAPER_DRIFT['44M']:,.0f} (44M) and "
+            f"(±1 s.e. {_n(lo)} to {_n(hi)}; 95% {_n(lo95)} to {_n(hi95)}, the fit's uncertainty only), against the "
+            f"paper's {PAPER_DRIFT['44M']:,.0f} (44M) and "
             f"{PAPER_DRIFT['129M']:,.0f} (129M). That extrapolates a {n_params / 1e6:.2f}M-parameter WikiText-2 "
             f"fit by {math.log10(PAPER_TOKENS / big):.1f} orders of magnitude in tokens (and the model by "
             f"{math.log10(44e6 / n_params):.1f} to {math.log10(129e6 / n_params):.1f} in size): a guess, "
-            "not a prediction of record."
+            "not a prediction of record. The local slopes between neighbouring budgets are "
+            f"{slopes}: one power law over this range is itself an assumption."
         )
+    return out
+
+# %% ../nbs/07_scaling.ipynb #4d17f1d9
+def _margin_sentences(done: pd.DataFrame, plan: Plan) -> list:
+    "The claims' margins over the grid's points: C1's drift ratio, C2's radial fractions, the gains, C6."
+    ctl = [v for v in plan.spec.variants if v != AT_RISK]
     p = done.pivot_table(index='point', columns='variant', values=['norm', 'radial', 'gain', 'c6'], aggfunc='mean')
-    pts = [q.name for q in plan.points if q.name in p.index]
-    p = p.loc[pts]
+    p, out = p.loc[[q.name for q in plan.points if q.name in p.index]], []
     if AT_RISK in p['norm'] and ctl:
         ratio = p['norm'][AT_RISK] / p['norm'][[v for v in ctl if v in p['norm']]].max(axis=1)
         out.append(
-            f"- Drift ratio at-risk / largest control (C1 asks ≥ 5): {_span(ratio)}; ≥ 5 at {(ratio >= 5).sum()}/{ratio.notna().sum()} points."
+            f"- Drift ratio at-risk / largest control (C1 asks ≥ 5): {_span(ratio)}; "
+            f"≥ 5 at {(ratio >= 5).sum()}/{ratio.notna().sum()} points."
         )
     raw = [v for v in ctl if v in p['radial'] and not VARIANTS[v].final_readout_normalized]
     out.append(
-        f"- Radial fraction of the at-risk final readout (C2 asks ≤ 1e-4): {_span(p['radial'].get(AT_RISK, pd.Series(dtype=float)))}"
+        "- Radial fraction of the at-risk final readout (C2 asks ≤ 1e-4): "
+        f"{_span(p['radial'].get(AT_RISK, pd.Series(dtype=float)))}"
         + (f"; of the raw readout (C2 asks ≥ 1e-2): {_span(p['radial'][raw].stack())}." if raw else '.')
     )
     out.append(
@@ -776,6 +730,18 @@ def reading(df: pd.DataFrame, plan: Plan, fits: dict) -> str:
             f"- C6 (largest control/at-risk PPL ratio over matched exits; the claim asks ≤ 0.99): {_span(c6)}; "
             f"≤ 0.99 at {(c6 <= 0.99).sum()}/{c6.notna().sum()} points."
         )
+    return out
+
+# %% ../nbs/07_scaling.ipynb #341541aa
+def reading(df: pd.DataFrame, plan: Plan, fits: dict) -> str:
+    "The result in sentences with numbers: growth per variant, the extrapolation (a guess), the claims' margins."
+    done = df[df.status == 'done']
+    out = [f"**{study_title(plan, df)}.**"]
+    if (bad := df[df.status != 'done']).shape[0]:
+        out.append(f"Not finished: {', '.join(f'{r.point} {r.variant} ({r.status})' for r in bad.itertuples())}.")
+    if 'norm' not in done or not len(done):
+        return '\n\n'.join(out + ['No run is measured yet.'])
+    out += _fit_sentences(done, plan, fits) + _margin_sentences(done, plan)
     for axis in plan.spec.axes:
         r = axis_rows(done[done.variant == AT_RISK], axis, plan)
         out.append(
@@ -788,14 +754,13 @@ def reading(df: pd.DataFrame, plan: Plan, fits: dict) -> str:
 # %% ../nbs/07_scaling.ipynb #5cf14c91
 @dataclass
 class Scaling:
-    "A finished (or partly finished) scaling study."
+    "A finished (or partly finished) scaling study: its plan, table, fits, growth table and reading."
 
     plan: Plan
     table: pd.DataFrame
     fits: dict
     growth: pd.DataFrame
     reading: str
-    figures: list
 
 
 MD_COLUMNS = [
@@ -813,41 +778,23 @@ MD_COLUMNS = [
     'c6',
 ]
 
-
+# %% ../nbs/07_scaling.ipynb #665085cd
 def write_results(res: Scaling):
-    "The table, the fits and the reading into the study folder (CSV with every column, Markdown to read)."
+    "Table, fits and reading in the study folder (CSV: every column); the Markdown tables also beside the figures."
     out, t = res.plan.out_dir, res.table
     write_atomic(out / 'scaling.csv', t.to_csv(index=False))
-    md = t.set_index(['point', 'variant', 'seed'])[[c for c in MD_COLUMNS if c in t]]
-    write_atomic(out / 'scaling.md', to_markdown(md))
     write_atomic(out / 'growth.csv', res.growth.to_csv())
-    if len(res.growth):
-        write_atomic(out / 'growth.md', to_markdown(res.growth))
-    else:
-        (out / 'growth.md').unlink(missing_ok=True)  # never left over from an earlier study of this folder
     write_atomic(out / 'reading.md', res.reading + '\n')
+    md = t.set_index(['point', 'variant', 'seed'])[[c for c in MD_COLUMNS if c in t]]
+    for folder in dict.fromkeys([out, Path(res.plan.fig_dir)]):  # a published grid's folder (committed) holds them too
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / 'scaling.md', to_markdown(md))
+        if len(res.growth):
+            write_atomic(folder / 'growth.md', to_markdown(res.growth))
+        else:
+            (folder / 'growth.md').unlink(missing_ok=True)  # never left over from an earlier study of this folder
 
-
-def draw(res: Scaling) -> list:
-    "The drift and axes figures (PNG and PDF) in the plan's fig_dir; returns the paths written."
-    import matplotlib.pyplot as plt
-    from looped_lm.figures import save, check_fig_dir
-
-    fig_dir, paths = check_fig_dir(res.plan.fig_dir), []
-    for name, make, wanted in (
-        ('drift', lambda: fig_drift(res.table, res.plan, res.fits), 'budget' in res.plan.spec.axes),
-        ('axes', lambda: fig_axes(res.table, res.plan), True),
-    ):
-        if wanted and 'norm' in res.table:
-            fig = make()
-            paths += save(fig, fig_dir, name)
-            plt.close(fig)
-        else:  # an earlier study's figure is never shown as this one's
-            for ext in ('png', 'pdf'):
-                (Path(fig_dir) / f'{name}.{ext}').unlink(missing_ok=True)
-    return paths
-
-
+# %% ../nbs/07_scaling.ipynb #1a2f30b8
 def run_scaling(
     grid='tiny',
     preset: str = None,
@@ -856,30 +803,60 @@ def run_scaling(
     data_dir=None,
     device: str = 'auto',
     progress: bool = True,
-    figures: bool = True,
+    lock_wait: float = 600.0,
 ) -> Scaling:
-    "Train what is missing of the grid, measure every finished run, then write the table, the fits, the reading and the figures."
+    "Train what is missing of the grid and measure it (the studies' shared runner), then write table, fits and reading."
     plan = check_scaling(grid, preset, out_dir, fig_dir, device)
     data = prepare_data(plan.base, data_dir=data_dir, verbose=progress)
     if progress:
         print(
-            f"scaling study {plan.grid}: {len(plan.points)} points x {len(plan.spec.variants)} variants = {len(plan.jobs)} runs "
-            f"in {plan.out_dir}; training estimated at {_wall(estimate_seconds([j.cfg for j in plan.jobs]))} on this machine's "
-            "2 cores if none is done",
+            f"scaling study {plan.grid}: {len(plan.points)} points x {len(plan.spec.variants)} variants = "
+            f"{len(plan.jobs)} runs in {plan.out_dir}; training estimated at "
+            f"{_wall(estimate_seconds([j.cfg for j in plan.jobs]))} on this machine's 2 cores if none is done",
             flush=True,
         )
-    for i, job in enumerate(plan.jobs, 1):
-        state = train_job(job, data, progress)
-        if state == 'done':
-            measure_run(job.run_dir, data, plan.spec.measure_tokens, plan.spec.radial_tokens, plan.device)
-        if progress:
-            print(f"[{i}/{len(plan.jobs)}] {job.label}: {state}", flush=True)
+    tokens = (plan.spec.measure_tokens, plan.spec.radial_tokens)
+    jobs = [
+        dict(label=j.label, run_dir=j.run_dir, cfg=j.cfg, job=j, data=data, data_dir=data_dir, tokens=tokens)
+        for j in plan.jobs
+    ]
+    run_study_jobs(
+        [dict(j, device=plan.device, progress=progress) for j in jobs], _scale_one, 1, plan.device, lock_wait
+    )
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    with dir_lock(plan.out_dir, what='scaling study', wait=True):
+    with study_lock(plan.out_dir):
         table = scaling_table(plan, data)
         fits, growth = growth_table(table, plan)
-        res = Scaling(plan, table, fits, growth, reading(table, plan, fits), [])
+        res = Scaling(plan, table, fits, growth, reading(table, plan, fits))
         write_results(res)
-        if figures:
-            res.figures = draw(res)
     return res
+
+# %% ../nbs/07_scaling.ipynb #5637287c
+def read_markdown_table(path) -> pd.DataFrame:
+    "A table as `to_markdown` wrote it (numbers rounded for reading: '1,228,800', '1.50e-10', '–' for none)."
+    lines = [line for line in Path(path).read_text().splitlines() if line.startswith('|')]
+    cells = [[c.strip().replace(r'\|', '|') for c in line.strip().strip('|').split(' | ')] for line in lines]
+    df = pd.DataFrame(cells[2:], columns=cells[0])
+
+    def number(s: str):
+        try:
+            return float('nan') if s == '–' else float(s.replace(',', ''))
+        except ValueError:
+            return s
+
+    return df.apply(lambda col: col.map(number))
+
+
+def published_table(plan: Plan, folder) -> pd.DataFrame:
+    "A grid's committed `scaling.md` in `folder` as `scaling_table` would give it (3 digits), with the plan's columns."
+    df = read_markdown_table(Path(folder) / 'scaling.md')
+    key = df.pop('point / variant / seed').str.split(' / ', expand=True)
+    df.insert(0, 'point', key[0])
+    df.insert(1, 'variant', key[1])
+    df.insert(2, 'seed', key[2].astype(int))
+    jobs = {(j.point.name, j.variant, j.seed): j for j in plan.jobs}
+    found = [jobs.get(k) for k in zip(df.point, df.variant, df.seed)]
+    if None in found:
+        raise ConfigError(f"{folder}/scaling.md lists runs that the {plan.grid} grid does not have; pass its own grid.")
+    params = [num_params(LoopedLM(LoopedLMConfig.from_experiment(j.cfg))) for j in found]
+    return df.assign(axis=[j.point.axis for j in found], value=[j.point.value for j in found], params=params)

@@ -11,7 +11,6 @@ from looped_lm.config import ConfigError, load_preset
 from looped_lm.train import train, run_status, latest_checkpoint
 from looped_lm.scaling import (
     AT_RISK,
-    GRIDS,
     PAPER_TOKENS,
     Grid,
     check_scaling,
@@ -22,7 +21,10 @@ from looped_lm.scaling import (
     read_measure,
     run_scaling,
     scaling_points,
+    t_quantile,
+    local_slopes,
 )
+from looped_lm.scaling_figures import draw_scaling
 
 SMALL = Grid(
     'smoke',
@@ -93,7 +95,8 @@ def test_variants_and_seeds_in_every_accepted_form(tmp_path):
     assert {(j.variant, j.seed) for j in plan.jobs} == {(v, 3) for v in (AT_RISK, 'perloop-raw')}
 
 
-def test_cpu_grid_fits_the_budget(tmp_path):
+def test_cpu_grid_plan(tmp_path):
+    "40 runs with distinct folders, the official recipe's optimiser, and 38.4 centre runs' worth of training FLOPs."
     plan = check_scaling('cpu', out_dir=tmp_path / 'out')
     assert len(plan.points) == 10 and len(plan.jobs) == 40 and len({j.run_dir for j in plan.jobs}) == 40
     assert {j.cfg.readout for j in plan.jobs} == {'rmsnorm', 'raw', 'final_norm'}
@@ -103,7 +106,8 @@ def test_cpu_grid_fits_the_budget(tmp_path):
         == (3e-4, 'constant', 0, 0.01, True, 0.999)
         for c in official
     )
-    assert estimate_seconds([j.cfg for j in plan.jobs]) < 2.5 * 3600  # about two hours at the measured cpu-preset speed
+    centre = next(j.cfg for j in plan.jobs if j.point.name == 'centre' and j.variant == AT_RISK)
+    assert abs(estimate_seconds([j.cfg for j in plan.jobs]) / estimate_seconds([centre]) - 38.43) < 0.01
     assert not (tmp_path / 'out').exists()
 
 
@@ -119,6 +123,20 @@ def test_fit_growth_recovers_power_laws(b):
         assert abs(np.mean(np.abs(z) <= x) - x / math.sqrt(x * x + 2)) < 0.04, x
     mid, lo, hi = noisy[0]['predict'](PAPER_TOKENS)
     assert lo < mid < hi
+
+
+def test_fit_growth_95_percent_interval_uses_t_and_covers():
+    "With 4 budgets (2 dof) the 95% interval is 4.30 s.e. each side, and holds the true exponent ~95% of the time."
+    assert abs(t_quantile(0.975, 2) - 4.302653) < 1e-5 and abs(t_quantile(0.975, 30) - 2.042272) < 1e-4
+    t, rng = np.array([1, 2, 4, 8]) * 1e5, np.random.default_rng(2)
+    fits = [fit_growth(t, 5.0 * t**0.5 * np.exp(rng.normal(0, 0.2, 4))) for _ in range(2000)]
+    assert abs(np.mean([f['ci95'][0] <= 0.5 <= f['ci95'][1] for f in fits]) - 0.95) < 0.015
+    f = fits[0]
+    assert np.allclose(f['ci95'], (f['exponent'] - f['t95'] * f['stderr'], f['exponent'] + f['t95'] * f['stderr']))
+    _, lo95, hi95 = f['predict'](PAPER_TOKENS, f['t95'])
+    _, lo, hi = f['predict'](PAPER_TOKENS)
+    assert lo95 < lo < hi < hi95
+    assert np.allclose(local_slopes([4e5, 1e5, 2e5], [4.0, 1.0, 2.0]), [1.0, 1.0])
 
 
 def test_fit_growth_refuses_what_it_cannot_fit():
@@ -140,10 +158,11 @@ def test_tiny_grid_trains_once_and_reruns_nothing(tmp_path, smoke_data):
     assert t.norm.gt(0).all() and t.radial.between(0, 1).all()
     assert (t[t.variant == AT_RISK].radial < 1e-3).all() and (t[t.variant == 'perloop-raw'].radial > 1e-2).all()
     assert set(t[t.point == 'K-2']['ppl@2'].notna()) == {True} and t[t.point == 'K-2']['ppl@3'].isna().all()
-    assert sorted(p.name for p in res.figures) == ['axes.pdf', 'axes.png', 'drift.pdf', 'drift.png']
-    assert pd.read_csv(tmp_path / 'scaling.csv').shape[0] == 12 and 'a guess' in (tmp_path / 'reading.md').read_text()
+    assert sorted(p.name for p in draw_scaling(res)) == ['axes.pdf', 'axes.png', 'drift.pdf', 'drift.png']
+    assert pd.read_csv(tmp_path / 'scaling.csv').shape[0] == 12
+    assert (tmp_path / 'reading.md').read_text() == res.reading + '\n' and AT_RISK in res.fits
     before = stamps(tmp_path)
-    again = run_scaling('tiny', out_dir=tmp_path, progress=False, figures=False)
+    again = run_scaling('tiny', out_dir=tmp_path, progress=False)
     assert stamps(tmp_path) == before  # no checkpoint written, no measurement made
     cols = [c for c in t.columns if c not in ('train_s', 'measure_s')]
     pd.testing.assert_frame_equal(again.table[cols], t[cols])
@@ -156,7 +175,7 @@ def test_interrupted_point_resumes_and_stale_measurements_are_redone(tmp_path, s
     train(job.cfg, job.run_dir, data=smoke_data, max_steps=1, progress=False)  # interrupted after its first step
     assert run_status(job.run_dir)['state'] == 'running'
     m1 = measure_run(job.run_dir, smoke_data, SMALL.measure_tokens, SMALL.radial_tokens)
-    res = run_scaling(SMALL, out_dir=tmp_path, progress=False, figures=False)
+    res = run_scaling(SMALL, out_dir=tmp_path, progress=False)
     st = run_status(job.run_dir)
     assert st['state'] == 'done' and st['step'] == job.cfg.steps
     assert set(res.table.status) == {'done'} and len(res.table) == 3 * 2
@@ -169,3 +188,21 @@ def test_interrupted_point_resumes_and_stale_measurements_are_redone(tmp_path, s
     assert read_measure(job.run_dir, dict(key, tokens=2048)) is None
     (job.run_dir / 'scaling.json').write_text('{"trunc')  # damaged: measured again, not an error
     assert measure_run(job.run_dir, smoke_data, SMALL.measure_tokens, SMALL.radial_tokens)['exits'] == m2['exits']
+
+
+def test_the_committed_cpu_grid_reads_back_and_refits():
+    "figures/scaling-cpu/scaling.md (3 digits) gives back the committed exponents, and a 95% band wider than ±1 s.e."
+    from looped_lm.ablation import repo_root
+    from looped_lm.scaling import growth_table, published_table, read_markdown_table
+
+    folder, plan = repo_root() / 'figures' / 'scaling-cpu', check_scaling('cpu')
+    table = published_table(plan, folder)
+    assert len(table) == 40 and (table.status == 'done').sum() == 37
+    fits, growth = growth_table(table, plan)
+    committed = read_markdown_table(folder / 'growth.md').set_index('variant')
+    for v, f in fits.items():
+        assert abs(f['exponent'] - committed.loc[v, 'exponent']) < 0.005 * max(1, abs(committed.loc[v, 'exponent']))
+    f = fits[AT_RISK]
+    assert 0.2 < f['ci95'][0] < f['exponent'] < f['ci95'][1] < 0.8
+    assert growth.loc[AT_RISK, '95% from'] < growth.loc[AT_RISK, '-1 s.e.'] < growth.loc[AT_RISK, '+1 s.e.']
+    assert growth.loc[AT_RISK, '+1 s.e.'] < growth.loc[AT_RISK, '95% to']

@@ -1,24 +1,29 @@
-"""The study's parameters, claims and workers (issues 9, 11, 12, 13, 14).
+"""The study's parameters, claims, workers and locks (issues 9, 11, 12, 13, 14, 22).
 
 Parameters: every accepted form of `seeds`/`variants` gives the same list; every refused value fails before any
-folder exists. Claims: a group claim is not reported as reproduced when one member of the group fails it.
+folder exists (the claims are tested in tests/test_claims.py).
 Workers: two worker processes give the same tables as one (smoke, 2 variants x 1 seed).
+Locks (issue 22), with real processes: a run another process holds is trained after the others once free, or
+reported as 'locked' after the wait; the study lock outwaits the kernel of a kill -9'd papermill job; a script that
+starts a two-worker study without a `__main__` guard gets a clear error before any work, not a BrokenProcessPool.
 """
 
-import math
-from pathlib import Path
+import os, signal, subprocess, sys, time
 import pytest
 from looped_lm.config import ConfigError
+from looped_lm.data import LockedError, dir_lock
 from looped_lm.ablation import (
     GROUPS,
-    CLAIMS,
     VARIANTS,
     check_params,
     check_seeds,
+    check_spawn_guard,
     check_variants,
-    claims,
     run_ablation,
+    run_dir_of,
+    run_study_jobs,
     study_key,
+    study_lock,
 )
 
 
@@ -111,88 +116,11 @@ def test_subsets_go_beside_the_main_study(tmp_path):
     )
 
 
-# ---- claims over whole groups, on synthetic records ----
-
-
-def record(variant, seed, norm, radial, ppl, clamp_ratio=1.0, hill=5.0):
-    ex = [dict(k=k + 1, ppl=p, ce=math.log(p)) for k, p in enumerate(ppl)]
-    cl = {
-        m: [dict(k=k + 1, ppl=p * (r if k == len(ppl) - 1 else 1), ce=0, norm_l2=1) for k, p in enumerate(ppl)]
-        for m, r in (('none', 1.0), ('freeze_loop1', clamp_ratio), ('remove_radial', clamp_ratio))
-    }
-    return dict(
-        variant=variant,
-        seed=seed,
-        status='done',
-        run_dir='',
-        message='',
-        radial_train=radial,
-        diag=dict(
-            exits=dict(validation=ex, test=ex),
-            norms=[dict(mean=norm, median=norm, hill=hill, p99=norm, max=norm)],
-            radial=[dict(readout=radial, predicted=None)],
-            clamp=cl,
-        ),
-    )
-
-
-def study(seed, **change):
-    at_risk, ok = (
-        dict(norm=1e4, radial=1e-9, ppl=[50, 49.9, 49.9, 49.8]),
-        dict(norm=10.0, radial=1e-9, ppl=[45, 43, 42, 41]),
-    )
-    spec = {v: (at_risk if not VARIANTS[v].scale_controlled else ok) for v in VARIANTS}
-    for v in ('terminal-raw', 'perloop-raw'):
-        spec[v] = {**ok, 'radial': 0.1}
-    return [record(v, seed, **{**spec[v], **change.get(v, {})}) for v in VARIANTS]
-
-
-def test_all_claims_reproduced_when_every_member_holds():
-    cl = claims(study(0) + study(1) + study(2))
-    assert {c: v['verdict'] for c, v in cl.items()} == {c: 'reproduced' for c in CLAIMS}
-    assert (
-        cl['C1']['at_risk'] == ['terminal-rmsnorm', 'perloop-rmsnorm', 'layernorm']
-        and 'internorm' in cl['C1']['controlled']
-    )
-
-
-@pytest.mark.parametrize(
-    'claim, member, change',
-    [
-        ('C1', 'perloop-finalnorm', dict(norm=5e3)),  # one controlled variant drifts too
-        ('C2', 'terminal-penalty', dict(radial=1e-3)),  # one normalized readout is not blind
-        ('C3', 'internorm', dict(ppl=[45, 45, 45, 45])),  # one controlled variant does not use depth
-        ('C4', 'layernorm', dict(clamp_ratio=1.2)),  # the clamp hurts one at-risk variant
-        ('C5', 'perloop-rmsnorm', dict(hill=40.0)),  # one at-risk variant has a light tail
-        (
-            'C6',
-            'perloop-raw',
-            dict(ppl=[60, 60, 60, 60], radial=0.1),
-        ),  # one controlled variant is worse than the at-risk ones
-    ],
-)
-def test_one_failing_member_is_not_reproduced(claim, member, change):
-    every_seed = claims(study(0, **{member: change}) + study(1, **{member: change}))[claim]
-    assert every_seed['verdict'] == 'not reproduced at this scale' and every_seed['seeds_held'] == '0/2', every_seed
-    one_seed = claims(study(0) + study(1, **{member: change}))[claim]
-    assert one_seed['verdict'] != 'reproduced' and one_seed['seeds_held'] == '1/2', one_seed
-
-
-def test_a_failed_member_is_not_a_pass():
-    recs = study(0)
-    for r in recs:
-        if r['variant'] == 'perloop-penalty':
-            r.update(status='failed', diag={})
-    cl = claims(recs)
-    assert cl['C3']['verdict'] == cl['C6']['verdict'] == 'not measured'
-    assert cl['C2']['verdict'] == 'not measured'
-
-
 # ---- workers ----
 
 
 def test_two_workers_give_the_same_tables(tmp_path, smoke_data):
-    kw = dict(variants=['perloop-rmsnorm', 'perloop-raw'], seeds=[0], max_eval_batches=1, progress=False, figures=False)
+    kw = dict(variants=['perloop-rmsnorm', 'perloop-raw'], seeds=[0], max_eval_batches=1, progress=False)
     one = run_ablation('smoke', out_dir=tmp_path / 'one', workers=1, **kw)
     two = run_ablation('smoke', out_dir=tmp_path / 'two', workers=2, **kw)
     sd = lambda o: o / f"study-{study_key(kw['variants'], [0])}"
@@ -200,3 +128,114 @@ def test_two_workers_give_the_same_tables(tmp_path, smoke_data):
         a, b = (sd(tmp_path / o) / 'tables' / f'{t}.csv' for o in ('one', 'two'))
         assert a.read_text() == b.read_text(), t
     assert [r['status'] for r in one] == [r['status'] for r in two] == ['done', 'done']
+
+
+# ---- locks and workers from scripts (issue 22) ----
+
+HOLD = """
+import os, sys, time
+from pathlib import Path
+from looped_lm.data import dir_lock
+folder, what, until = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+with dir_lock(folder, what=what):
+    print('held', flush=True)
+    if until == 'parent-dies':  # an ipykernel: exits when its parent (papermill) is gone, polling every second
+        parent = os.getppid()
+        while os.getppid() == parent:
+            time.sleep(1.0)
+    else:  # hold until the file `until` exists (or a minute passes), then a second more
+        t0 = time.time()
+        while not Path(until).exists() and time.time() - t0 < 60:
+            time.sleep(0.1)
+        time.sleep(1.0)
+"""
+
+
+def hold(folder, what, until, tmp_path) -> subprocess.Popen:
+    "A real process holding `folder`'s lock; returns once it holds it."
+    script = tmp_path / 'hold.py'
+    script.write_text(HOLD)
+    p = subprocess.Popen(
+        [sys.executable, str(script), str(folder), what, str(until)], stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout.readline().strip() == 'held'
+    return p
+
+
+def test_study_lock_outwaits_an_orphaned_kernel(tmp_path):
+    "A kill -9'd papermill job: its kernel keeps the study lock ~1 s more; rerunning at once waits for it, not fails."
+    out = tmp_path / 'study'
+    script = tmp_path / 'papermill.py'  # the parent (papermill) starts the kernel, which takes the study lock
+    script.write_text(
+        "import subprocess, sys, time\n"
+        f"k = subprocess.Popen([sys.executable, {str(tmp_path / 'hold.py')!r}, {str(out)!r}, 'study', 'parent-dies'])\n"
+        "time.sleep(600)\n"
+    )
+    (tmp_path / 'hold.py').write_text(HOLD)
+    papermill = subprocess.Popen([sys.executable, str(script)])
+    while not (out / '.lock').exists() or not (out / '.lock').read_text():
+        time.sleep(0.05)
+    with pytest.raises(LockedError):  # the kernel holds it
+        with dir_lock(out, what='study'):
+            pass
+    os.kill(papermill.pid, signal.SIGKILL)
+    papermill.wait()
+    with study_lock(out) as info:  # the orphaned kernel notices within a second and exits: the lock is ours
+        assert info['pid'] == os.getpid()
+    holder = hold(out, 'study', tmp_path / 'never', tmp_path)  # a holder that stays: refused after the wait
+    try:
+        with pytest.raises(LockedError, match=r'in use by another process.*\(waited'):
+            with study_lock(out, timeout=0.3):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def toy_work(job):
+    "Stands for `_run_one`: takes the run's lock, as the trainer does."
+    with dir_lock(job['run_dir'], 'run'):
+        return 'done'
+
+
+def test_a_run_held_to_the_end_is_reported_and_the_others_run(tmp_path):
+    jobs = [dict(label=n, run_dir=tmp_path / n) for n in ('a', 'b', 'c')]
+    holder = hold(tmp_path / 'a', 'run', tmp_path / 'never', tmp_path)
+    try:
+        assert run_study_jobs(jobs, toy_work, lock_wait=0.5, poll=0.1) == ['locked', 'done', 'done']
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_study_jobs(jobs, toy_work) == ['done', 'done', 'done']
+
+
+def test_a_locked_run_is_trained_after_the_others(tmp_path, smoke_data, capsys):
+    "Another process holds perloop-rmsnorm's run until perloop-raw is trained: the study trains raw, waits, then it."
+    kw = dict(variants=['perloop-rmsnorm', 'perloop-raw'], seeds=[0], max_eval_batches=1, progress=False, workers=1)
+    raw_done = run_dir_of(tmp_path, 'perloop-raw', 0) / 'diagnostics.json'
+    holder = hold(run_dir_of(tmp_path, 'perloop-rmsnorm', 0), 'run', raw_done, tmp_path)
+    try:
+        records = run_ablation('smoke', out_dir=tmp_path, lock_wait=120, **kw)
+    finally:
+        holder.kill()
+        holder.wait()
+    out = capsys.readouterr().out
+    assert [r['status'] for r in records] == ['done', 'done']
+    assert 'held by another process: perloop-rmsnorm seed 0' in out
+    assert out.index('[2/2] perloop-raw seed 0: done') < out.index('[1/2] perloop-rmsnorm seed 0: done')
+
+
+UNGUARDED = """
+from looped_lm.ablation import run_ablation
+run_ablation('smoke', variants=['perloop-raw', 'perloop-rmsnorm'], seeds=[0], out_dir={out!r}, workers=2)
+"""
+
+
+def test_two_workers_from_an_unguarded_script_is_a_clear_error(tmp_path):
+    script = tmp_path / 'study.py'
+    script.write_text(UNGUARDED.format(out=str(tmp_path / 'out')))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert "if __name__ == '__main__':" in r.stderr and 'workers=1' in r.stderr and 'line 3' in r.stderr, r.stderr
+    assert 'BrokenProcessPool' not in r.stderr and not (tmp_path / 'out').exists()  # refused before any work
+    assert check_spawn_guard(2) is None  # pytest's own __main__ is guarded
