@@ -1,16 +1,16 @@
 """Bad input is refused loudly: an exception that names the problem and the fix, raised before any expensive work,
 and no half-written result that a later run could take for a complete one."""
 
-import configparser, contextlib, os, shutil, subprocess, sys, time, warnings
+import configparser, contextlib, errno, os, re, shutil, socket, subprocess, sys
 from pathlib import Path
 from unittest import mock
 import numpy as np, pytest, torch
-import looped_lm.train as T
 from looped_lm.ablation import check_params, run_ablation
 from looped_lm.config import ConfigError, load_preset, settings_path
+import looped_lm.data as D
 from looped_lm.data import DataNotFoundError, prepare_data, tokenizer_path
 from looped_lm.model import LoopedLM, LoopedLMConfig
-from looped_lm.train import train, load_run, load_checkpoint, latest_checkpoint, run_status, RunDirError, TrainingError
+from looped_lm.train import train, load_run, load_checkpoint, latest_checkpoint, run_status, RunDirError
 from conftest import REPO
 
 
@@ -126,7 +126,7 @@ def test_bad_ablation_parameters(tmp_path):
 
 
 def test_papermill_refuses_a_bad_parameter(tmp_path):
-    "The real entry point: `papermill nbs/05_ablation.ipynb ... -p preset no-such` fails, naming the preset and the choices."
+    "The real entry point: `papermill nbs/05_ablation.ipynb ... -p preset no-such` fails, naming preset and choices."
     p = subprocess.run(
         [
             sys.executable,
@@ -160,9 +160,9 @@ def test_exit_depth_and_context_of_the_model():
             m(idx, exit_k=k)
     with pytest.raises(ValueError, match='longer than the model.s context max_seq_len=64'):
         m(torch.zeros(1, 65, dtype=torch.long))
-    with pytest.raises(ConfigError, match="Unknown readout 'batchnorm'"):
+    with pytest.raises(ConfigError, match="readout.* 'batchnorm'.*choose one of rmsnorm"):
         LoopedLMConfig(readout='batchnorm')
-    with pytest.raises(ConfigError, match='K must be >= 1'):
+    with pytest.raises(ConfigError, match='`K` must be > 0'):
         LoopedLMConfig(K=0)
 
 
@@ -182,7 +182,8 @@ def _no_local_copy_and_no_hub(tmp_path):
         yield
 
 
-def test_missing_data_without_network(tmp_path):
+def test_missing_data_without_network(tmp_path, monkeypatch):
+    "No local copy and the Hub switched off: a `DataNotFoundError` naming both fixes, without trying the network."
     cfg = load_preset('smoke')
     with mock.patch.dict(os.environ, {'LOOPED_LM_DATA': str(tmp_path / 'nowhere')}):
         with pytest.raises(DataNotFoundError, match='does not exist. Point LOOPED_LM_DATA at a folder'):
@@ -190,16 +191,23 @@ def test_missing_data_without_network(tmp_path):
     (tmp_path / 'empty').mkdir()
     with pytest.raises(DataNotFoundError, match='no complete copy of wikitext-2-v1: missing .*train.txt'):
         prepare_data(cfg, data_dir=tmp_path / 'empty', verbose=False)
+    tried = []
+
+    def no_network(*a, **k):  # (recorded, not raised: load_corpus reports any exception of `datasets` as its own)
+        tried.append(a)
+        raise OSError(errno.ENETUNREACH, 'the test forbids the network')
+
+    monkeypatch.setattr(D, '_hub_reachable', no_network)
+    monkeypatch.setattr(socket, 'create_connection', no_network)
     with _no_local_copy_and_no_hub(tmp_path):
-        t = time.time()
         rd = tmp_path / 'run'
         with pytest.raises(DataNotFoundError) as e:
             train(cfg, rd, cache_dir=tmp_path / 'fresh-cache', progress=False)
-        assert time.time() - t < 30
+    assert tried == []  # it failed fast: the Hub is off, so the network was not even tried
     assert 'set LOOPED_LM_DATA (or pass data_dir=)' in str(e.value) and 'connect to the Hugging Face Hub' in str(
         e.value
     )
-    assert not (rd / 'config.json').exists() and not (rd / 'status.json').exists()  # no half-started run
+    assert not rd.exists()  # no half-started run, not even an empty folder
 
 
 @pytest.fixture
@@ -273,9 +281,9 @@ def _files(rd):
 @pytest.mark.parametrize(
     'what,says',
     [
-        ('truncated weights', 'is corrupted or does not fit this model'),
-        ('garbage state', 'is corrupted: its state.pt cannot be read'),
-        ('truncated state', 'is corrupted: its state.pt cannot be read'),
+        ('truncated weights', 'is a damaged checkpoint: .*model.safetensors has SHA-256'),
+        ('garbage state', 'is a damaged checkpoint: .*state.pt has SHA-256'),
+        ('truncated state', 'is a damaged checkpoint: .*state.pt has SHA-256'),
         ('missing checkpoint', 'missing or incomplete'),
     ],
 )
@@ -292,7 +300,7 @@ def test_corrupted_checkpoint(run_copy, smoke_data, what, says):
     before = _files(run_copy)
     with pytest.raises(RunDirError, match=says) as e:
         train(load_preset('smoke', ckpt_every=10), run_copy, data=smoke_data, progress=False)
-    assert f'Delete {run_copy}' in str(e.value)
+    assert re.search(rf'Delete (the run folder )?{re.escape(str(run_copy))} ', str(e.value)), str(e.value)
     assert _files(run_copy) == before  # nothing written: the damage stays visible, no half-resumed run
     with pytest.raises(RunDirError, match=says):
         load_run(run_copy)

@@ -8,22 +8,18 @@ import errno, json, math, os, signal, socket, subprocess, sys, textwrap, time
 from pathlib import Path
 import numpy as np, pytest, torch
 
-import looped_lm.data as D
+import looped_lm.files as F
 from looped_lm.config import load_preset
 from looped_lm.data import (
     DataNotFoundError,
-    LockedError,
     RegexTokenizer,
-    WriteError,
     bits_per_byte,
-    dir_lock,
     prepare_data,
-    sweep_stale_tmp,
     window_batch,
     window_starts,
     word_perplexity,
-    write_atomic,
 )
+from looped_lm.files import LockedError, WriteError, dir_lock, sweep_stale_tmp, write_atomic
 
 SPLITS = ('train', 'validation', 'test')
 WORDS = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu'.split()
@@ -72,13 +68,13 @@ def test_file_hash_is_remembered_by_size_and_mtime(tmp_path, monkeypatch):
     p = tmp_path / 'f.txt'
     p.write_text('hello')
     memo = tmp_path / 'memo.json'
-    first = D.file_content_sha(p, memo)
-    D._FILE_HASHES.clear()
-    monkeypatch.setattr(D, '_file_sha256', lambda p: pytest.fail('hashed again although size and mtime are unchanged'))
-    assert D.file_content_sha(p, memo) == first  # read back from the memo file
+    first = F.file_content_sha(p, memo)
+    F._FILE_HASHES.clear()
+    monkeypatch.setattr(F, 'file_sha256', lambda p: pytest.fail('hashed again although size and mtime are unchanged'))
+    assert F.file_content_sha(p, memo) == first  # read back from the memo file
     monkeypatch.undo()
     p.write_text('HELLO')
-    assert D.file_content_sha(p, memo) != first
+    assert F.file_content_sha(p, memo) != first
 
 
 # ---- item 7 of the data task: any corpus from a local copy, only WikiText from the Hub ------------------------
@@ -103,8 +99,9 @@ PREPARE = textwrap.dedent("""
     import json, sys
     from looped_lm.config import load_preset
     from looped_lm.data import prepare_data
-    cfg = load_preset('smoke').replace(corpus='tiny', tokenizer=sys.argv[3], vocab_size=300 if sys.argv[3] == 'bpe' else 40,
-                                       max_train_lines=0)
+    cfg = load_preset('smoke').replace(
+        corpus='tiny', tokenizer=sys.argv[3], vocab_size=300 if sys.argv[3] == 'bpe' else 40, max_train_lines=0
+    )
     td = prepare_data(cfg, data_dir=sys.argv[1], cache_dir=sys.argv[2], verbose=False)
     print(json.dumps(dict(fp=td.fingerprint, trained=td.tokenizer_trained, built=list(td.built),
                           ids=td.validation[:50].tolist())))
@@ -171,6 +168,57 @@ def test_write_atomic_disk_full_names_file_and_fix(tmp_path, monkeypatch):
     assert sorted(x.name for x in tmp_path.iterdir()) == ['metrics.jsonl']  # no temporary file left
 
 
+def _read_only_folder(monkeypatch, folder):
+    "Make `folder` behave as a read-only one does, for root too: creating a file there and removing one both fail."
+
+    def refuse(path):
+        if Path(path).parent == folder:
+            raise OSError(errno.EROFS, 'Read-only file system', str(path))
+
+    real_open, real_unlink = open, Path.unlink
+
+    def ro_open(path, *a, **k):
+        refuse(path)
+        return real_open(path, *a, **k)
+
+    def ro_unlink(self, *a, **k):
+        refuse(self)
+        return real_unlink(self, *a, **k)
+
+    monkeypatch.setattr(F, 'open', ro_open, raising=False)  # what atomic_writer opens its temporary file with
+    monkeypatch.setattr(Path, 'unlink', ro_unlink)
+
+
+def test_write_atomic_in_a_read_only_folder_is_a_write_error(tmp_path, monkeypatch):
+    "The cleanup of the temporary file fails there too; the error raised is still the WriteError that says why."
+    p = tmp_path / 'diagnostics.json'
+    write_atomic(p, 'old')
+    _read_only_folder(monkeypatch, tmp_path)
+    for write in (lambda: write_atomic(p, 'new'), lambda: F.atomic_writer(p).__enter__()):
+        with pytest.raises(WriteError) as e:
+            write()
+        msg = str(e.value)
+        assert e.value.errno == errno.EROFS and e.value.filename == str(p), msg
+        assert f'Could not write {p} in the folder {tmp_path}: the file system is read-only' in msg, msg
+        assert 'choose a folder on a writable disk' in msg, msg
+    monkeypatch.undo()
+    assert p.read_text() == 'old'
+
+
+def test_diagnose_run_in_a_read_only_run_folder_is_a_write_error(tmp_path, smoke_data, monkeypatch):
+    "Diagnostics computed, then written to a read-only run folder: the WriteError, not a raw OSError about a .tmp file."
+    from looped_lm.diagnostics import diagnose_run
+    from looped_lm.train import train
+
+    rd = tmp_path / 'run'
+    train(load_preset('smoke', train_tokens=2560), rd, data=smoke_data, progress=False)  # 10 steps
+    _read_only_folder(monkeypatch, rd)
+    with pytest.raises(WriteError, match=f'Could not write {rd}/diagnostics.json in the folder {rd}: the file system'):
+        diagnose_run(rd, smoke_data, max_batches=1)
+    monkeypatch.undo()
+    assert not (rd / 'diagnostics.json').exists() and not list(rd.glob('*.tmp'))
+
+
 def test_write_atomic_fsyncs_file_and_folder(tmp_path, monkeypatch):
     synced, real = [], os.fsync
 
@@ -184,14 +232,14 @@ def test_write_atomic_fsyncs_file_and_folder(tmp_path, monkeypatch):
 
 
 def test_temp_names_are_unique_per_call(tmp_path):
-    names = {D._tmp_for(tmp_path / 'a.bin').name for _ in range(50)}
+    names = {F._tmp_for(tmp_path / 'a.bin').name for _ in range(50)}
     assert len(names) == 50 and all(f'.{os.getpid()}.' in n for n in names)
 
 
 def test_sweep_removes_only_dead_writers_tmp(tmp_path):
     dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True, text=True)
     dead_tmp = tmp_path / f'.train-x.bin.{int(dead.stdout)}.1a2b3c4d.tmp'
-    live_tmp = D._tmp_for(tmp_path / 'train-x.bin')
+    live_tmp = F._tmp_for(tmp_path / 'train-x.bin')
     other = tmp_path / 'notes.tmp'  # no pid in the name: left alone ...
     for p in (dead_tmp, live_tmp, other):
         p.write_bytes(b'x' * 10)
@@ -214,7 +262,10 @@ def test_prepare_data_sweeps_a_killed_tokenization(tmp_path):
 
 # ---- item 2: one writer per folder, proven with two real processes ---------------------------------------------
 
-HOLD = "import sys, time; from looped_lm.data import dir_lock\nwith dir_lock(sys.argv[1], 'run'):\n print('held', flush=True); time.sleep(float(sys.argv[2]))"
+HOLD = (
+    "import sys, time; from looped_lm.files import dir_lock\n"
+    "with dir_lock(sys.argv[1], 'run'):\n print('held', flush=True); time.sleep(float(sys.argv[2]))"
+)
 
 
 def _holder(folder, seconds):
@@ -309,3 +360,11 @@ def test_bits_per_byte_and_word_ppl_by_hand():
     assert math.isclose(word_perplexity(10 * math.log(3), 5), 9.0)
     with pytest.raises(ValueError, match='at least one byte'):
         bits_per_byte(1.0, 0)
+
+
+def test_the_file_tools_are_still_importable_from_data():
+    "They moved to `looped_lm.files`; `looped_lm.data` still names each of them, for the code that imports them there."
+    import looped_lm.data as D
+
+    for name in F.__all__:
+        assert getattr(D, name) is getattr(F, name), name

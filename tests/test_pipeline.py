@@ -1,4 +1,5 @@
-"""The ablation pipeline: a diverged variant is reported, not fatal; a rerun redoes nothing; a changed config is refused.
+"""The ablation pipeline: a diverged variant is reported, not fatal; a rerun redoes nothing; a changed config is
+refused.
 
 One small study on the smoke preset: `perloop-rmsnorm` (trained) and `perloop-raw`, made to diverge by a NaN put
 into its hidden state at step 2. It is a subset, so its records and tables go into its own study folder.
@@ -14,11 +15,11 @@ from looped_lm.train import train, RunDirError, run_status
 from _util import inject_nan
 
 VARIANTS = ['perloop-rmsnorm', 'perloop-raw']
-KW = dict(max_eval_batches=1, progress=False, figures=False)
+KW = dict(max_eval_batches=1, progress=False)  # (run_ablation makes no figures: 06's make_figures does)
 
 
 def snapshot(root) -> dict:
-    "path -> (mtime, sha256) of every file under `root` (but lock files, which say who holds a folder, not what it holds)."
+    "path -> (mtime, sha256) of every file under `root` but the lock files (who holds a folder, not what it holds)."
     return {
         str(p.relative_to(root)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
         for p in sorted(Path(root).rglob('*'))
@@ -46,7 +47,8 @@ def test_a_diverged_variant_is_recorded_and_the_study_goes_on(study):
     assert '| perloop-rmsnorm | done | 1 |' in (sdir / 'tables' / 'table1.md').read_text()
     assert json.loads((sdir / 'records.json').read_text())[1]['status'] == 'failed'
     assert not (out / 'records.json').exists()  # a subset never writes over the main study's records
-    assert set(json.loads((sdir / 'claims.json').read_text())) == {'C1', 'C2', 'C3', 'C4', 'C5', 'C6'}
+    claims = json.loads((sdir / 'claims.json').read_text())['primary']['claims']  # the paper's claims, judged
+    assert {'C1', 'C2', 'C3', 'C6'} <= set(claims), sorted(claims)
 
 
 def test_rerun_retrains_and_reevaluates_nothing(study, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 import looped_lm.train as T
 from looped_lm.config import load_preset
 from looped_lm.train import train, read_metrics, run_status, latest_checkpoint
-from _util import train_cmd, train_subprocess, records, weights, assert_same_run
+from _util import train_cmd, train_subprocess, records, assert_same_run
 
 OV = dict(ckpt_every=10)  # smoke: 96 steps, a train record every 5 steps, a checkpoint every 10
 STEPS = load_preset('smoke', **OV).steps
@@ -38,9 +38,8 @@ def test_sigkill_resume_is_bit_identical(reference, tmp_path):
         p = subprocess.Popen(train_cmd(rd, **OV), stdout=subprocess.DEVNULL, stderr=log, cwd=tmp_path)
         deadline = time.time() + 240
         while True:
-            assert p.poll() is None, (
-                f"the run ended (rc={p.returncode}) before the kill: {(tmp_path / f'stderr-{kill_after}.txt').read_text()[-2000:]}"
-            )
+            err = tmp_path / f'stderr-{kill_after}.txt'
+            assert p.poll() is None, f"the run ended (rc={p.returncode}) before the kill: {err.read_text()[-2000:]}"
             assert time.time() < deadline, 'the run made no progress'
             steps = [r['step'] for r in read_metrics(rd, 'train')]
             if steps and steps[-1] >= kill_after:

@@ -7,16 +7,16 @@ metrics were accepted; a run without its config was reported `done`; a full disk
 `--set` and `--data_dir` did not exist).
 """
 
-import errno, json, os, shutil, subprocess, sys, time
-from pathlib import Path
+import json, os, shutil, subprocess, sys, time
 import pytest, torch
+from safetensors import SafetensorError
 import looped_lm.train as T
+from looped_lm.files import dir_lock
 from looped_lm.config import load_preset
 from looped_lm.train import (
     train,
     load_run,
     read_metrics,
-    run_status,
     latest_checkpoint,
     expected_records,
     restore_config,
@@ -164,9 +164,9 @@ def test_disk_full_while_writing_a_checkpoint(tmp_path, smoke_data, reference, m
     rd = tmp_path / 'run'
     real_model, real_save = T.save_model, torch.save
 
-    def full_model(model, path):
+    def full_model(model, path):  # what safetensors really raises on a full disk (not an OSError)
         if '.ckpt-000020.' in path:
-            raise OSError(errno.ENOSPC, 'No space left on device')
+            raise SafetensorError('Error while serializing: I/O error: No space left on device (os error 28)')
         real_model(model, path)
 
     def full_state(obj, f, *a, **k):  # what torch.save really raises on a full disk
@@ -208,6 +208,7 @@ def test_cli_empty_arguments(tmp_path):
     assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.corpus
 def test_cli_overrides_and_data_dir_spellings(tmp_path):
     rd = tmp_path / 'run'
     p = subprocess.run(
@@ -237,6 +238,33 @@ def test_cli_overrides_and_data_dir_spellings(tmp_path):
         p = subprocess.run(cli('smoke', tmp_path / 'bad', '--set', bad), capture_output=True, text=True, timeout=120)
         assert p.returncode != 0 and says in p.stderr, (bad, p.stderr[-2000:])
     assert not (tmp_path / 'bad').exists()  # refused before any folder is created
+
+
+def _one_line_error(p, error: str) -> str:
+    "The CLI's stderr: one line `looped-lm-train: <error>: ...`, no traceback; returns it."
+    assert p.returncode != 0, p.stdout
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f'looped-lm-train: {error}: '), p.stderr[-3000:]
+    return lines[0]
+
+
+def test_cli_locked_run_dir_is_one_line(tmp_path):
+    "Another process holds the run directory: one line naming the holder and the fix; the holder's folder untouched."
+    rd = tmp_path / 'run'
+    with dir_lock(rd, 'run') as holder:  # this process holds it: the CLI is the second process
+        p = subprocess.run(cli('smoke', rd), capture_output=True, text=True, timeout=120)
+        line = _one_line_error(p, 'LockedError')
+    assert f"pid {holder['pid']}" in line and 'is in use by another process' in line and 'Wait for it' in line, line
+    assert sorted(x.name for x in rd.iterdir()) == ['.lock']
+
+
+def test_cli_missing_data_is_one_line_and_leaves_no_folder(tmp_path):
+    env = {**os.environ, 'LOOPED_LM_DATA': str(tmp_path / 'nowhere')}
+    rd = tmp_path / 'runs' / 'run'
+    p = subprocess.run(cli('smoke', rd), capture_output=True, text=True, timeout=120, env=env)
+    line = _one_line_error(p, 'DataNotFoundError')
+    assert f'{tmp_path / "nowhere"} (from LOOPED_LM_DATA) does not exist. Point LOOPED_LM_DATA at' in line, line
+    assert not (tmp_path / 'runs').exists()  # no empty folder left behind, neither the run's nor its parent
 
 
 # ---- progress you can watch (issue 12) ------------------------------------------------------------------------------
