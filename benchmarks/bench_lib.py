@@ -106,7 +106,7 @@ class GPT(nn.Module):
 
 
 def gpt_flops_per_token(c: LoopedLMConfig, n_layers: int, seq_len: int) -> float:
-    "Forward FLOPs per token of `GPT(c, n_layers)`, by the looped model's own count (one loop of n_layers, one readout)."
+    "Forward FLOPs per token of `GPT(c, n_layers)` by the looped model's own count (one loop of n_layers, one readout)."
     return forward_flops_per_token(LoopedLMConfig(**{**c.__dict__, 'n_layers': n_layers, 'K': 1}), seq_len)
 
 

@@ -2,7 +2,8 @@
 """GPU check of the paper presets (one GPU, synthetic tokens, no network): `bash benchmarks/gpu_check.sh`.
 
 For each of paper-44m, paper-129m, paper-exact-44m and paper-exact-129m, at the preset's own shapes (paper-*: batch
-32 x 1024 tokens, vocabulary 32768; paper-exact-*: batch 64/32 x 256 tokens, vocabulary 20000; bf16 autocast, `torch.compile` of the shared stack, fused AdamW, chunked readout CE):
+32 x 1024 tokens, vocabulary 32768; paper-exact-*: batch 64/32 x 256 tokens, vocabulary 20000; bf16 autocast,
+`torch.compile` of the shared stack, fused AdamW, chunked readout CE):
 
 1. **trainer** — `train()` itself, on synthetic token data, for a few steps: its logged tokens/s and MFU, the
    peak GPU memory, and every host synchronisation CUDA's sync-debug mode reports, by source line (a line
@@ -242,10 +243,12 @@ def markdown(res: dict) -> str:
         '# GPU check of looped-lm',
         '',
         f"Machine: {m.get('gpu', 'no GPU')} x{m.get('gpu_count', 0)}, CUDA {m.get('cuda')}, torch {m['torch']}, "
-        f"CPU {m['cpu']} ({m['cores']} cores). Synthetic tokens; `bash benchmarks/gpu_check.sh`{' --dry-run' if res['dry_run'] else ''}; "
+        f"CPU {m['cpu']} ({m['cores']} cores). "
+        f"Synthetic tokens; `bash benchmarks/gpu_check.sh`{' --dry-run' if res['dry_run'] else ''}; "
         f"{res.get('wall_s', 0):.0f} s.",
         '',
-        '| preset | params | trainer tokens/s | trainer MFU | trainer peak GiB | per-loop tokens/s | per-loop MFU | per-loop / terminal speed | '
+        '| preset | params | trainer tokens/s | trainer MFU | trainer peak GiB | '
+        'per-loop tokens/s | per-loop MFU | per-loop / terminal speed | '
         'per-loop / terminal peak mem (chunked) | exit k=1 speed-up / FLOP ratio | new graphs on exit change | flash |',
         '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|',
     ]
@@ -254,8 +257,10 @@ def markdown(res: dict) -> str:
         pv = lo.get('variants', {}).get(f"perloop/chunk={r['ce_chunk']}", {})
         f = lambda v, fmt: format(v, fmt) if isinstance(v, (int, float)) and v is not None else '-'
         L.append(
-            f"| {p} | {r['params'] / 1e6:.1f}M | {f(tr.get('tokens_per_s'), ',.0f')} | {f(tr.get('mfu'), '.3f')} | {f(tr.get('peak_mem_gib'), '.1f')} | "
-            f"{f(pv.get('tokens_per_s'), ',.0f')} | {f(pv.get('mfu'), '.3f')} | {f(lo.get('speed_ratio_perloop_over_terminal'), '.3f')} | "
+            f"| {p} | {r['params'] / 1e6:.1f}M | {f(tr.get('tokens_per_s'), ',.0f')} | {f(tr.get('mfu'), '.3f')} | "
+            f"{f(tr.get('peak_mem_gib'), '.1f')} | "
+            f"{f(pv.get('tokens_per_s'), ',.0f')} | {f(pv.get('mfu'), '.3f')} | "
+            f"{f(lo.get('speed_ratio_perloop_over_terminal'), '.3f')} | "
             f"{f(lo.get('peak_ratio_perloop_over_terminal'), '.3f')} | {f(ex.get('efficiency_k1'), '.3f')} | "
             f"{ex.get('new_graphs_while_changing_exit_depth', '-')} | {r.get('flash_attention', '-')} |"
         )
@@ -269,7 +274,8 @@ def markdown(res: dict) -> str:
             )
     L += [
         '',
-        'Host synchronisations reported inside `train()` (sync-debug mode; a per-step sync has a count near the step count):',
+        'Host synchronisations reported inside `train()` '
+        '(sync-debug mode; a per-step sync has a count near the step count):',
         '',
     ]
     for p, r in res['presets'].items():

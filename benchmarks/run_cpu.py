@@ -255,7 +255,8 @@ def readout_cost(preset: str, seq_len: int, batch_size: int, ce_chunk: int, step
             runs[f"{loss}/chunk={chunk}"] = json.loads(p.stdout.strip().splitlines()[-1])
             r = runs[f"{loss}/chunk={chunk}"]
             print(
-                f"  {loss:8s} ce_chunk={chunk:<5d} peak {r['peak_rss_mib']:7.0f} MiB (step {r['step_mib']:6.0f} MiB above "
+                f"  {loss:8s} ce_chunk={chunk:<5d} peak {r['peak_rss_mib']:7.0f} MiB "
+                f"(step {r['step_mib']:6.0f} MiB above "
                 f"{r['base_rss_mib']:.0f}), {med(r['seconds_per_step']):.2f} s/step",
                 flush=True,
             )
@@ -317,9 +318,12 @@ def markdown(res: dict) -> str:
         f"# CPU benchmarks of looped-lm",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads, {m['cpu_capability']}), "
-        f"torch {m['torch']}, Python {m['python']}. Cores kept busy by other jobs: {m['busy_cores_at_start']:.1f} at the start, "
-        f"{m.get('busy_cores_at_end', float('nan')):.1f} at the end (the interleaving makes such jobs slow every contestant "
-        f"alike, but they widen the spread; with other jobs running the benchmark uses 1 thread). Run {res['date']} in {res['wall_s']:.0f} s by "
+        f"torch {m['torch']}, Python {m['python']}. "
+        f"Cores kept busy by other jobs: {m['busy_cores_at_start']:.1f} at the start, "
+        f"{m.get('busy_cores_at_end', float('nan')):.1f} at the end "
+        f"(the interleaving makes such jobs slow every contestant "
+        f"alike, but they widen the spread; with other jobs running the benchmark uses 1 thread). "
+        f"Run {res['date']} in {res['wall_s']:.0f} s by "
         f"`{res['command']}`.",
         "",
         "Every figure is a ratio of two measurements taken in this run (median over interleaved rounds). "
@@ -332,36 +336,45 @@ def markdown(res: dict) -> str:
     ]
     for g in goals:
         L.append(
-            f"| {g['what']} | {g['measured']:.3f}{best(g)} | {g['op']} {g['target']:.3f} | {'yes' if g['met'] else '**no**'} |"
+            f"| {g['what']} | {g['measured']:.3f}{best(g)} | {g['op']} {g['target']:.3f} | "
+            f"{'yes' if g['met'] else '**no**'} |"
         )
     L += [
         "",
-        "Speed ratios are of medians over the interleaved rounds; in brackets, the ratio of each contestant's fastest round.",
+        "Speed ratios are of medians over the interleaved rounds; "
+        "in brackets, the ratio of each contestant's fastest round.",
     ]
     L += [
         "",
         "## 1. Equal FLOPs: looped (L shared layers x K) against a GPT of L*K layers",
         "",
-        "Speed ratio = GPT step time / looped step time (> 1: the looped model is faster). A step is forward, backward, "
+        "Speed ratio = GPT step time / looped step time (> 1: the looped model is faster). "
+        "A step is forward, backward, "
         "gradient clipping and AdamW, as in the trainer (`objective` + `make_optimizer`); *fwd+bwd* is the forward and "
         "backward part of the same steps; *AdamW share* is the part of a step spent clipping and in AdamW, which is "
         "proportional to the parameter count (the looped model has K times fewer block parameters).",
         "",
-        "| size | d | heads | vocab | looped L x K | GPT layers | seq x batch | params looped / GPT | looped terminal / GPT | fwd+bwd only | AdamW share looped / GPT | looped per-loop / GPT | per-loop / terminal (FLOP ratio) |",
+        "| size | d | heads | vocab | looped L x K | GPT layers | seq x batch | params looped / GPT "
+        "| looped terminal / GPT | fwd+bwd only | AdamW share looped / GPT | looped per-loop / GPT "
+        "| per-loop / terminal (FLOP ratio) |",
         "|---|---:|---:|---:|---|---:|---|---|---:|---:|---|---:|---|",
     ]
     for r in res['equal_flops']:
         L.append(
-            f"| {r['preset']} | {r['d_model']} | {r['n_heads']} | {r['vocab_size']} | {r['looped_layers']} x {r['K']} | {r['gpt_layers']} | "
-            f"{r['seq_len']} x {r['batch_size']} | {r['params']['looped'] / 1e6:.1f}M / {r['params']['gpt'] / 1e6:.1f}M | "
+            f"| {r['preset']} | {r['d_model']} | {r['n_heads']} | {r['vocab_size']} | "
+            f"{r['looped_layers']} x {r['K']} | {r['gpt_layers']} | "
+            f"{r['seq_len']} x {r['batch_size']} | "
+            f"{r['params']['looped'] / 1e6:.1f}M / {r['params']['gpt'] / 1e6:.1f}M | "
             f"**{r['ratio_looped_terminal_over_gpt']:.3f}** | {r['ratio_looped_terminal_over_gpt_fwd_bwd']:.3f} | "
             f"{r['optimizer_share']['looped_terminal']:.2f} / {r['optimizer_share']['gpt']:.2f} | "
-            f"{r['ratio_looped_perloop_over_gpt']:.3f} | {r['ratio_perloop_over_terminal']:.3f} ({r['flop_ratio_perloop_over_terminal']:.3f}) |"
+            f"{r['ratio_looped_perloop_over_gpt']:.3f} | "
+            f"{r['ratio_perloop_over_terminal']:.3f} ({r['flop_ratio_perloop_over_terminal']:.3f}) |"
         )
     e = res['exit_depth']
     L += [
         "",
-        f"## 2. Exit depth: teacher-forced evaluation at exit k ({e['preset']} size: d={e['d_model']}, L={e['n_layers']}, K={e['K']}, "
+        f"## 2. Exit depth: teacher-forced evaluation at exit k "
+        f"({e['preset']} size: d={e['d_model']}, L={e['n_layers']}, K={e['K']}, "
         f"vocab {e['vocab_size']}; seq {e['seq_len']} x batch {e['batch_size']})",
         "",
         "Speed-up = time at k=K / time at k; FLOP ratio = FLOPs(k=K) / FLOPs(k) from `forward_flops_per_token` "
@@ -375,18 +388,22 @@ def markdown(res: dict) -> str:
     for k in range(1, e['K'] + 1):
         kk = f'k={k}'
         L.append(
-            f"| {k} | {e['flop_ratio_vs_k_max'][kk]:.3f} | {e['speedup_vs_k_max_chunked'][kk]:.3f} | {e['efficiency_chunked'][kk]:.3f} | "
+            f"| {k} | {e['flop_ratio_vs_k_max'][kk]:.3f} | {e['speedup_vs_k_max_chunked'][kk]:.3f} | "
+            f"{e['efficiency_chunked'][kk]:.3f} | "
             f"{e['speedup_vs_k_max_plain'][kk]:.3f} | {e['efficiency_plain'][kk]:.3f} |"
         )
     r = res['readout_cost']
     n, d = r['tokens_per_step'], r['d_model']
     L += [
         "",
-        f"## 3. Per-loop readout cost ({r['preset']} size, vocab {r['vocab_size']}; seq {r['seq_len']} x batch {r['batch_size']} "
+        f"## 3. Per-loop readout cost "
+        f"({r['preset']} size, vocab {r['vocab_size']}; seq {r['seq_len']} x batch {r['batch_size']} "
         f"= {r['tokens_per_step']} tokens/step; chunk {r['ce_chunk']} tokens = the paper preset's 4 chunks of a step)",
         "",
-        "Each configuration runs in a fresh process. *Peak* is the peak resident memory of a training step after the first "
-        "(weights, gradients, AdamW state, activations, runtime), read from the kernel (VmHWM after a reset, else ru_maxrss); "
+        "Each configuration runs in a fresh process. "
+        "*Peak* is the peak resident memory of a training step after the first "
+        "(weights, gradients, AdamW state, activations, runtime), "
+        "read from the kernel (VmHWM after a reset, else ru_maxrss); "
         "*step* is that peak minus the resident memory before the step (weights + AdamW state + runtime); *saved* is "
         "the exact size of what autograd keeps for the backward pass (`saved_tensor_bytes`, no allocator noise).",
         "",
@@ -395,20 +412,26 @@ def markdown(res: dict) -> str:
     ]
     for key, run in r['runs'].items():
         L.append(
-            f"| {run['loss']} | {run['ce_chunk']} | {run['peak_rss_mib']:.0f} | {run['step_mib']:.0f} | {run['saved_for_backward_mib']:.0f} |"
+            f"| {run['loss']} | {run['ce_chunk']} | {run['peak_rss_mib']:.0f} | {run['step_mib']:.0f} | "
+            f"{run['saved_for_backward_mib']:.0f} |"
         )
     L += [
         "",
         f"Per-loop / terminal, chunked: peak memory **{r['peak_ratio_perloop_over_terminal']:.3f}x** (step memory "
-        f"{r['step_mem_ratio_perloop_over_terminal']:.3f}x, saved for backward {r['saved_ratio_perloop_over_terminal']:.3f}x); "
-        f"unchunked: peak {r['peak_ratio_unchunked']:.3f}x (step {r['step_mem_ratio_unchunked']:.3f}x, saved {r['saved_ratio_unchunked']:.3f}x). "
-        f"Speed per-loop / terminal, chunked, interleaved in one process: {r['speed_ratio_perloop_over_terminal']:.3f} "
+        f"{r['step_mem_ratio_perloop_over_terminal']:.3f}x, "
+        f"saved for backward {r['saved_ratio_perloop_over_terminal']:.3f}x); "
+        f"unchunked: peak {r['peak_ratio_unchunked']:.3f}x (step {r['step_mem_ratio_unchunked']:.3f}x, "
+        f"saved {r['saved_ratio_unchunked']:.3f}x). "
+        f"Speed per-loop / terminal, chunked, interleaved in one process: "
+        f"{r['speed_ratio_perloop_over_terminal']:.3f} "
         f"(FLOP ratio {r['flop_ratio_perloop_over_terminal']:.3f}).",
         "",
-        f"Per readout, the plain path saves a (tokens x vocabulary) log-softmax and the chunked path a (vocabulary x d) "
+        f"Per readout, the plain path saves a (tokens x vocabulary) log-softmax "
+        f"and the chunked path a (vocabulary x d) "
         f"gradient of the head: here ({n} tokens, d = {d}) they are "
         + ('the same size' if n == d else f'in the ratio {n / d:.2g} : 1')
-        + f"; the first grows with the tokens of a step and the second does not (at the paper batch of 32x1024 tokens the "
+        + f"; the first grows with the tokens of a step and the second does not "
+        f"(at the paper batch of 32x1024 tokens the "
         f"plain path's is {32 * 1024 / d:.0f}x larger).",
         "",
     ]
@@ -460,7 +483,8 @@ def main():
     for r in res['equal_flops']:
         print(
             f"  {r['preset']}: looped terminal / GPT {r['ratio_looped_terminal_over_gpt']:.3f} "
-            f"(fwd+bwd {r['ratio_looped_terminal_over_gpt_fwd_bwd']:.3f}), per-loop / GPT {r['ratio_looped_perloop_over_gpt']:.3f}",
+            f"(fwd+bwd {r['ratio_looped_terminal_over_gpt_fwd_bwd']:.3f}), "
+            f"per-loop / GPT {r['ratio_looped_perloop_over_gpt']:.3f}",
             flush=True,
         )
     print('2. exit depth', flush=True)
@@ -468,7 +492,8 @@ def main():
         big, 32 if Q else 128, 4 if Q else 8, rounds=2 if Q else 3, reps=1, ce_chunk=32 if Q else 256
     )
     print(
-        f"  k=1 speed-up {e['speedup_k1']:.3f} vs FLOP ratio {e['flop_ratio_k1']:.3f}: efficiency {e['efficiency_k1']:.3f} "
+        f"  k=1 speed-up {e['speedup_k1']:.3f} vs FLOP ratio {e['flop_ratio_k1']:.3f}: "
+        f"efficiency {e['efficiency_k1']:.3f} "
         f"(plain CE {e['efficiency_k1_plain']:.3f})",
         flush=True,
     )

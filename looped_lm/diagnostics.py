@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 from .lemmas import radial_fraction, radial_exact, angle_between, radial_tangential
-from .data import eval_batches, write_atomic, bits_per_byte, word_perplexity, file_content_sha
+from .data import eval_batches, bits_per_byte, word_perplexity
+from .files import write_atomic, file_content_sha
 from .protocol import LoopSpec, LoopSpecError, as_spec, run_loops, checked_spec, token_windows, CLAMPS
 from .protocol import slice_context, clamp_refusal, readout_norm_at, IGNORED_STATE
 

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 import torch
 from .config import ExperimentConfig
-from .data import write_atomic
+from .files import write_atomic
 from .diagnostics import radial_scale_of
 from .lemmas import radial_fraction
 from .model import LoopedLMConfig, forward_flops_per_token

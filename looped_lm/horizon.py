@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np, pandas as pd, torch
 from safetensors.torch import load_model
 from .config import ExperimentConfig, ConfigError, load_preset
-from .data import prepare_data, write_atomic, dir_lock
+from .data import prepare_data
+from .files import write_atomic, dir_lock
 from .model import LoopedLM, LoopedLMConfig
 from looped_lm.train import (
     train, TrainingError, RunDirError, run_status, latest_checkpoint, verify_checkpoint, lr_at, resolve_device
