@@ -22,6 +22,7 @@ from looped_lm.ablation import (
     rebuild,
     run_record,
     synthetic_study,
+    table1,
     unaligned_cos,
     write_claims,
     write_tables,
@@ -172,6 +173,26 @@ def test_tables_and_claims_rebuild_byte_identical_from_run_records(tmp_path):
     assert len(lines) == len(recs) and all('hist' not in line and 'run_dir' not in line for line in lines)
     assert read_run_records(made) == [json.loads(json.dumps(run_record(r))) for r in recs]
     assert json.loads((made / 'claims.json').read_text()) == cl
+    head = (made / 'tables' / 'table1.csv').read_text().splitlines()[0].split(',')
+    assert 'radial scale' in head and 'radial exact' in head and 'radial predicted' not in head
+
+
+def test_table1_reads_the_scale_of_either_report_version(tmp_path):
+    new = synthetic_study((0,), variants=['perloop-rmsnorm'])
+    old = synthetic_study((0,), variants=['perloop-rmsnorm'], **{'perloop-rmsnorm': dict(lemma_ratio=None)})
+    t_new, t_old = table1(new).iloc[0], table1(old).iloc[0]
+    assert (
+        t_new['radial scale'] == pytest.approx(t_old['radial scale']) == pytest.approx(1e-9 / (2 * unaligned_cos(128)))
+    )
+    assert t_new['radial exact'] == pytest.approx(1e-9) and t_old['radial exact'] != t_old['radial exact']  # nan: v4
+
+
+def test_a_not_measured_reason_is_said_once_in_claims_md():
+    old = synthetic_study((0, 1), **{v: dict(lemma_ratio=None) for v in ('perloop-rmsnorm', 'terminal-rmsnorm')})
+    cl = claims(old)
+    assert 'lemma' not in cl['primary']['claims']['C2']['seed_range']
+    assert 'max radial normalized' in cl['primary']['claims']['C2']['seed_range']
+    assert claims_markdown(cl).count('diagnostics before v5') == 2  # once per section, not again in the brackets
 
 
 def test_missing_run_records_name_the_fix(tmp_path):

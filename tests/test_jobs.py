@@ -7,7 +7,9 @@
 - a job preempted mid-run the way SLURM does it (USR2 to its task) is requeued by submitit and ends with weights,
   optimizer state and metrics identical to a run that was never interrupted;
 - the SLURM executor's sbatch script carries the GPUs, partition, time limit and the USR2 warning; bad input is
-  refused before anything is prepared or submitted.
+  refused before anything is prepared or submitted;
+- the study itself through the executor (`run_ablation(executor='local')`): tables and claims byte-identical to the
+  in-process study; a failed job is a failed run with its log; `plan_only` plans a GPU study on a machine without one.
 """
 
 import re, shutil
@@ -15,7 +17,8 @@ from pathlib import Path
 from unittest import mock
 import pytest
 import looped_lm.jobs as J
-from looped_lm.ablation import VARIANTS, GROUPS, run_dir_of, _run_one
+import looped_lm.ablation as A
+from looped_lm.ablation import VARIANTS, GROUPS, run_dir_of, _run_one, run_ablation, study_key
 from looped_lm.config import ConfigError, load_preset
 from looped_lm.train import train, run_status, latest_checkpoint
 from _util import assert_same_run
@@ -161,3 +164,58 @@ def test_slurm_jobs(tmp_path, smoke_data):
     jobs = study_jobs('smoke', ['perloop-rmsnorm', 'perloop-raw'], Path.cwd() / 'slurm-test-runs', seeds=[0])
     out = J.run_jobs(_run_one, jobs, 'slurm', folder=Path.cwd() / 'slurm-test-jobs', gpus_per_job=0, timeout_min=30)
     assert [o.state for o in out] == ['done', 'done'], [o.error for o in out]
+
+
+# ---- the study through the executor: run_ablation(executor=...) ----
+
+STUDY = dict(variants=['perloop-rmsnorm', 'perloop-raw'], seeds=[0], max_eval_batches=1, progress=False)
+
+
+def study_dir(out_dir, variants=STUDY['variants']) -> Path:
+    return out_dir / f"study-{study_key(variants, STUDY['seeds'])}"
+
+
+def study_files(out_dir) -> dict:
+    "claims.json and every table's CSV and Markdown, by name; not the throughput (timing) nor the list of skipped ones."
+    sd = study_dir(out_dir)
+    files = [sd / 'claims.json', *(sd / 'tables').glob('*.csv'), *(sd / 'tables').glob('*.md')]
+    return {p.name: p.read_bytes() for p in files if not p.name.startswith(('throughput', 'skipped'))}
+
+
+def test_the_study_through_local_jobs_equals_the_inprocess_study(tmp_path, smoke_data):
+    inproc = run_ablation('smoke', out_dir=tmp_path / 'inprocess', workers=1, **STUDY)
+    jobs = dict(executor='local', gpus_per_job=0, timeout_min=10)
+    local = run_ablation('smoke', out_dir=tmp_path / 'local', **jobs, **STUDY)
+    assert [r['status'] for r in inproc] == [r['status'] for r in local] == ['done', 'done']
+    a, b = study_files(tmp_path / 'inprocess'), study_files(tmp_path / 'local')
+    assert len(a) >= 19 and {'table1.csv', 'table1.md', 'claims.json'} <= a.keys() and a.keys() == b.keys()
+    assert [n for n in a if a[n] != b[n]] == []
+    assert (study_dir(tmp_path / 'local') / 'jobs').is_dir()  # submitit's pickles and logs
+    assert 'throughput' in (study_dir(tmp_path / 'local') / 'tables' / 'skipped.md').read_text()  # not measured
+    again = run_ablation('smoke', out_dir=tmp_path / 'local', **jobs, **STUDY)  # done runs return at once
+    assert [r['status'] for r in again] == ['done', 'done'] and study_files(tmp_path / 'local') == b
+
+
+def test_a_failed_job_is_a_failed_run_with_its_log(tmp_path, smoke_data):
+    run_dir = run_dir_of(tmp_path, 'perloop-rmsnorm', 0)
+    run_dir.parent.mkdir(parents=True)
+    run_dir.write_text('a file where the run folder should be')
+    kw = dict(STUDY, variants=['perloop-rmsnorm'])
+    (rec,) = run_ablation('smoke', out_dir=tmp_path, executor='local', gpus_per_job=0, timeout_min=10, **kw)
+    assert rec['status'] == 'failed' and 'RunDirError' in rec['message'] and 'job log: ' in rec['message']
+    assert Path(rec['message'].split('job log: ')[1].rstrip(')')).is_file()
+    table1 = (study_dir(tmp_path, ['perloop-rmsnorm']) / 'tables' / 'table1.csv').read_text()
+    assert 'perloop-rmsnorm,failed,0' in table1
+
+
+def test_plan_only_plans_the_paper_exact_study_without_a_gpu(tmp_path, capsys):
+    spend = mock.Mock(side_effect=AssertionError('spent'))
+    with (
+        mock.patch('torch.cuda.is_available', return_value=False),
+        mock.patch.multiple(A, run_jobs=spend, prepare_once=spend, prepare_data=spend, train=spend),
+    ):
+        plan = run_ablation('paper-exact-44m', 'official', out_dir=tmp_path, executor='slurm', plan_only='True')
+        with pytest.raises(ConfigError, match='no GPU is visible'):  # in process, the device is still checked
+            run_ablation('paper-exact-44m', 'official', out_dir=tmp_path)
+    assert len(plan.table) == len(plan.to_submit) == 21 and list(tmp_path.iterdir()) == []
+    assert '21 runs: 0 done, 21 to submit' in capsys.readouterr().out
