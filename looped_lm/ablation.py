@@ -33,7 +33,7 @@ __all__ = ['VARIANTS', 'GROUPS', 'RENAMED', 'FORMS', 'STUDY_LOCK_WAIT', 'STUDY_E
            'synthetic_record', 'synthetic_study', 'publish', 'claim_set', 'claims', 'claims_markdown', 'write_claims',
            'rebuild']
 
-# %% ../nbs/05_ablation.ipynb #ddace06d
+# %% ../nbs/05_ablation.ipynb #f925d387
 @dataclass(frozen=True)
 class Variant:
     """A named set of trainer/model options (`overrides` of the preset); `group` is 'official' (the paper's Table 1)
@@ -67,13 +67,13 @@ class Variant:
     def final_readout_normalized(self) -> bool:
         return self.overrides['readout'] != 'raw'
 
-
+# %% ../nbs/05_ablation.ipynb #c711d96e
 def _v(name, group, description, loss, readout, penalty=0, recurrence='plain'):
     return Variant(
         name, description, group, dict(loss=loss, readout=readout, norm_penalty=penalty, recurrence=recurrence)
     )
 
-
+# %% ../nbs/05_ablation.ipynb #c224c47f
 VARIANTS = {
     v.name: v
     for v in [
@@ -121,6 +121,8 @@ VARIANTS = {
         _v('layernorm', 'extension', 'per-loop CE through a LayerNorm readout', 'perloop', 'layernorm'),
     ]
 }
+
+# %% ../nbs/05_ablation.ipynb #ddace06d
 GROUPS = {g: [n for n, v in VARIANTS.items() if v.group == g] for g in ('official', 'extension')}
 RENAMED = {
     'norm-penalty': 'perloop-penalty',
@@ -662,7 +664,7 @@ def run_ablation(
         publish(records, st, None if on_jobs else study_throughput(st, dev, data))  # jobs: measured nowhere here
     return records
 
-# %% ../nbs/05_ablation.ipynb #ac961a76
+# %% ../nbs/05_ablation.ipynb #a4c1e60a
 class MissingDiagnostic(KeyError):
     "A diagnostics report lacks what a table needs (an older report, or a diagnostic not written yet)."
 
@@ -687,7 +689,7 @@ def _agg(vals):
         return float('nan'), float('nan')
     return float(np.mean(vals)), (float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0)
 
-
+# %% ../nbs/05_ablation.ipynb #d5497a1c
 def _table(records, row_fn, sub: str = None) -> pd.DataFrame:
     """One row per variant (or per (variant, `sub`) when `row_fn` returns {sub value: columns}), mean and sd over seeds
     in columns `c` and `c sd`; `seeds` counts the finished runs; a variant without one is `failed`."""
@@ -723,7 +725,7 @@ def _K(r) -> int:
 def _exit(r, split, k):
     return dig(r, 'diag', 'exits', split, k - 1)
 
-
+# %% ../nbs/05_ablation.ipynb #87d7489e
 def table1(records) -> pd.DataFrame:
     "Drift and the blind spot at the final loop (the paper's Table 1, official row order)."
 
@@ -759,7 +761,7 @@ def table2(records) -> pd.DataFrame:
 
     return _table(records, f)
 
-
+# %% ../nbs/05_ablation.ipynb #ac961a76
 def throughput_table(exits) -> pd.DataFrame:
     "The study-wide tokens/s per exit depth (the same for every variant), with its spread and FLOPs per token."
     return pd.DataFrame(
@@ -774,7 +776,7 @@ def throughput_table(exits) -> pd.DataFrame:
         ]
     ).set_index('exit')
 
-# %% ../nbs/05_ablation.ipynb #faab3ef3
+# %% ../nbs/05_ablation.ipynb #c733284c
 def table4(records) -> pd.DataFrame:
     "Radial-clamp modes (the paper's Table 4 columns), measured on every run; ‖H_K‖/‖H_1‖ shows the clamp's strength."
 
@@ -801,7 +803,7 @@ def table_scale(records) -> pd.DataFrame:
     "Final-readout perplexity with H_K multiplied by alpha: flat for a scale-invariant readout."
     return _table(records, lambda r: {f"PPL x{e['alpha']:g}": e['ppl'] for e in dig(r, 'diag', 'scale')})
 
-
+# %% ../nbs/05_ablation.ipynb #21156b02
 def table_lemma2(records) -> pd.DataFrame:
     "Lemma 2 beyond the training depth: the RMS s at loop K and at the last loop, and how constant ||du||*s stays."
 
@@ -835,7 +837,7 @@ def table_halting(records) -> pd.DataFrame:
 
     return _table(records, f, sub='policy')
 
-
+# %% ../nbs/05_ablation.ipynb #97f5d19e
 def table_token_norms(records) -> pd.DataFrame:
     "Per-token ||H_K|| at the final loop (the paper's Table 10) with the Hill tail index (small = heavy tail)."
 
@@ -873,7 +875,7 @@ def endpoint_correlations(points: list) -> dict:
     x, y = pd.Series([p['log10_radial'] for p in points]), pd.Series([p['log10_norm'] for p in points])
     return dict(runs=len(points), pearson=float(x.corr(y)), spearman=float(x.rank().corr(y.rank())))
 
-
+# %% ../nbs/05_ablation.ipynb #faab3ef3
 def table_endpoint_corr(records) -> pd.DataFrame:
     "`endpoint_correlations` across every finished run of the study, as a one-row table."
     return pd.DataFrame([endpoint_correlations([endpoint(r) for r in records if r['status'] == 'done'])]).set_index(
@@ -893,7 +895,7 @@ TABLES = dict(
     endpoint_corr=table_endpoint_corr,
 )
 
-# %% ../nbs/05_ablation.ipynb #cdd85c40
+# %% ../nbs/05_ablation.ipynb #93459ee0
 def _fmt(v):
     if isinstance(v, str):
         return v
@@ -931,7 +933,7 @@ def display_frame(df: pd.DataFrame) -> pd.DataFrame:
 def _label(i) -> str:
     return ' / '.join(map(str, i)) if isinstance(i, tuple) else str(i)
 
-
+# %% ../nbs/05_ablation.ipynb #c367cf91
 def _md(s) -> str:
     return str(s).replace('|', r'\|')  # a pipe inside a Markdown cell would split it
 
@@ -970,7 +972,7 @@ def build_tables(records, throughput=None) -> tuple:
         skipped['throughput'] = 'no study-wide throughput measurement'
     return tables, skipped
 
-
+# %% ../nbs/05_ablation.ipynb #cdd85c40
 def write_tables(records, study_dir, throughput=None) -> dict:
     "The per-run records (`runs.jsonl`) and every table as CSV (sd included), Markdown, LaTeX in `study_dir/tables/`."
     write_run_records(records, study_dir)
@@ -1048,7 +1050,7 @@ def unaligned_cos(width: float) -> float:
     "E|cos| between a fixed vector and a random direction in `width` dimensions, for large width: sqrt(2/(pi d))."
     return math.sqrt(2 / (math.pi * width))
 
-# %% ../nbs/05_ablation.ipynb #c253bf30
+# %% ../nbs/05_ablation.ipynb #87754a5d
 from .diagnostics import HEAVY_TAIL_HILL, radial_scale_of
 
 HALT_POLICY = ('logit_margin', 'sequence')  # Table 8's default policy (adaptive_halt_benchmark.py), per sequence
@@ -1070,7 +1072,7 @@ def _put(out: dict, key: str, f):
     except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):
         pass
 
-
+# %% ../nbs/05_ablation.ipynb #c253bf30
 def measures(rec) -> dict:
     "The numbers the claims read from one finished run (a value its diagnostics lack is simply absent)."
     out, d = {}, rec.get('diag') or {}
@@ -1203,7 +1205,7 @@ def synthetic_study(seeds=(0, 1), variants=None, **change) -> list:
     spec['internorm'].update(norm=1e3, growth=0.9)  # large, but not growing across loops: judged on growth
     return [synthetic_record(v, s, **{**spec[v], **change.get(v, {})}) for s in seeds for v in (variants or VARIANTS)]
 
-# %% ../nbs/05_ablation.ipynb #ae910f44
+# %% ../nbs/05_ablation.ipynb #28721fd7
 NO_LEMMA = 'not measured: diagnostics before v5 lack measured/exact per token; rerun diagnose_run'  # C2, old
 
 
@@ -1224,7 +1226,7 @@ def _c1(m, names):
     num.update({'min ‖H_K‖/‖H_1‖ at-risk': min(ga), 'max ‖H_K‖/‖H_1‖ inter-loop-normalized': max(gi)})
     return dict(numbers=num, holds=r >= MARGINS['drift'] and min(ga) > max(gi))
 
-
+# %% ../nbs/05_ablation.ipynb #ae910f44
 def _c2(m, names):
     nrm = [n for n in names if VARIANTS[n].final_readout_normalized]
     raw = [n for n in names if n not in nrm]
@@ -1389,7 +1391,7 @@ CLAIMS = {
     ),
 }
 
-# %% ../nbs/05_ablation.ipynb #acac9aa8
+# %% ../nbs/05_ablation.ipynb #91576cf8
 def _views(records) -> dict:
     "{'mean': {variant: seed-mean measures}, seed: {variant: measures}}; failed runs are absent."
     per = {}
@@ -1424,7 +1426,7 @@ def _by_variant(views: dict, names: list, keys: list) -> dict:
         }
     return out
 
-
+# %% ../nbs/05_ablation.ipynb #acac9aa8
 def publish(records, st: Study, throughput=None):
     "records.json, the tables and claims.json/.md into `study_dir` (under `study_lock`); figures: 06's `make_figures`."
     sweep_stale_tmp(st.study_dir)
@@ -1466,7 +1468,7 @@ def claim_set(records, names: list) -> dict:
         )
     return out
 
-# %% ../nbs/05_ablation.ipynb #f9ae8bc2
+# %% ../nbs/05_ablation.ipynb #f95512dc
 SECTIONS = dict(
     primary="Primary analysis (pre-registered): the paper's seven official conditions, claims as the paper states them",
     extension='Extension (generalisation test): the same claims over every variant of the study, ours included',
@@ -1491,7 +1493,7 @@ def claims(records) -> dict:
         ),
     )
 
-
+# %% ../nbs/05_ablation.ipynb #f9ae8bc2
 def claims_markdown(cl: dict) -> str:
     "The claims as Markdown, a table per section: statement, seed-mean numbers [range over seeds], seeds, verdict."
     out = []

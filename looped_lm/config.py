@@ -105,7 +105,7 @@ class ExperimentConfig:
         "Every setting by name (what run directories record as the preset)."
         return dataclasses.asdict(self)
 
-# %% ../nbs/00a_config.ipynb #6e0114d6
+# %% ../nbs/00a_config.ipynb #4d94da4d
 class ConfigError(ValueError):
     "A preset, key or value that cannot be used."
 
@@ -139,6 +139,8 @@ _POSITIVE = (
     'eval_batches',
     'min_freq',
 )
+
+# %% ../nbs/00a_config.ipynb #745f48b5
 _NONNEGATIVE = (
     'norm_penalty',
     'control_norm_penalty',
@@ -174,7 +176,7 @@ def _check_keys(kw):
     if bad:
         raise ConfigError(f"Unknown setting(s) {bad}. Valid settings: {', '.join(sorted(valid))}.")
 
-
+# %% ../nbs/00a_config.ipynb #f0285279
 def parse_seeds(text: str, name: str = 'custom') -> list:
     "Seeds written as '42, 101, 202' (commas and/or spaces, optional brackets) -> distinct non-negative ints < 2**32."
     parts = [p for p in re.split(r'[,\s]+', text.strip().strip('[]()')) if p]
@@ -206,7 +208,7 @@ def _check_types(cfg):
         if t == 'float' and not math.isfinite(v):
             raise ConfigError(f"{_label(cfg)}: `{f.name}` must be finite, got {v!r}.")
 
-
+# %% ../nbs/00a_config.ipynb #6e0114d6
 def _check_ranges(cfg, keys: set):
     for k in (k for k in _POSITIVE if k in keys):
         if getattr(cfg, k) <= 0:

@@ -70,7 +70,7 @@ def local_files(corpus: str, root) -> dict:
         )
     return files
 
-# %% ../nbs/02_data.ipynb #9ae218ac
+# %% ../nbs/02_data.ipynb #b3934bd2
 _TRUE = {'1', 'ON', 'YES', 'TRUE'}
 HUB_CORPORA = CORPORA  # the configs of Salesforce/wikitext that the Hub loader knows
 
@@ -97,7 +97,7 @@ def _hub_offline_mode(on: bool):
     finally:
         dc.HF_HUB_OFFLINE, dc.HF_DATASETS_OFFLINE, hc.HF_HUB_OFFLINE = old
 
-
+# %% ../nbs/02_data.ipynb #ffa6d2bc
 def _hub_reachable(timeout: float = 3.0) -> bool:
     "Can a TCP connection to the Hub's endpoint be opened within `timeout` seconds? (True when a proxy decides.)"
     if any(os.environ.get(k) for k in ('HTTPS_PROXY', 'https_proxy', 'ALL_PROXY', 'all_proxy')):
@@ -131,7 +131,7 @@ def _no_data_msg(corpus, why):
         f"can download {HUB_REPO} ({corpus})."
     )
 
-
+# %% ../nbs/02_data.ipynb #23697798
 @contextlib.contextmanager
 def _datasets_progress(verbose):
     from datasets.utils import disable_progress_bars, enable_progress_bars, are_progress_bars_disabled
@@ -145,7 +145,7 @@ def _datasets_progress(verbose):
         if not was:
             enable_progress_bars()
 
-
+# %% ../nbs/02_data.ipynb #9ae218ac
 def load_corpus(corpus: str, data_dir=None, verbose: bool = True):
     "`corpus` as a `datasets.DatasetDict` (train/validation/test, column `text`): the local copy if any, else the Hub."
     from datasets import load_dataset
@@ -222,7 +222,7 @@ def train_tokenizer(texts, vocab_size: int, length: int = None, verbose: bool = 
     tok.train_from_iterator(texts, trainer, length=length)
     return tok
 
-# %% ../nbs/02_data.ipynb #6e502767
+# %% ../nbs/02_data.ipynb #9b7805ec
 REGEX_PATTERN = r'\s+|[A-Za-z0-9_]+|[^\w\s]'
 REGEX_SPECIALS = ('<pad>', '<bos>', '<eos>', '<unk>')
 REGEX_JOIN = '\n\n'  # between the kept rows of a split
@@ -235,7 +235,7 @@ class Encoding:
     ids: list
     tokens: list
 
-
+# %% ../nbs/02_data.ipynb #6e502767
 class RegexTokenizer:
     "The official word-level tokenizer: `re.findall(pattern)` tokens, a fixed vocabulary, `<unk>` for the rest."
 
@@ -315,7 +315,7 @@ class RegexTokenizer:
         "The tokenizer saved at `path`."
         return cls.from_str(Path(path).read_text(encoding='utf-8'))
 
-# %% ../nbs/02_data.ipynb #6f0865d0
+# %% ../nbs/02_data.ipynb #ee8581bb
 CACHE_VERSION = 2  # 2: keys cover the source text's content; sidecars carry n_bytes / n_words
 
 
@@ -335,7 +335,7 @@ def source_fingerprint(corpus: str, root=None, text=None, memo: Path = None) -> 
     ds = text() if text is not None else load_corpus(corpus, verbose=False)
     return 'hub-' + _sha(*(ds[s]._fingerprint for s in SPLITS))  # datasets' fingerprint follows the revision's files
 
-
+# %% ../nbs/02_data.ipynb #6f0865d0
 def tokenizer_path(
     cache_dir,
     corpus: str,
@@ -359,7 +359,7 @@ def tokenizer_path(
         / f'tokenizer-{_sha(CACHE_VERSION, "bytelevel-bpe", corpus, max_train_lines, vocab_size, source)}.json'
     )
 
-# %% ../nbs/02_data.ipynb #326ec932
+# %% ../nbs/02_data.ipynb #ebe838db
 def _dtype(vocab_size):
     return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
@@ -374,7 +374,7 @@ def load_cached_split(bin_path: Path, fingerprint: str):
     meta = load_cached_meta(bin_path, fingerprint)
     return None if meta is None else _open_tokens(bin_path, meta)
 
-
+# %% ../nbs/02_data.ipynb #e82b93df
 def load_cached_meta(bin_path: Path, fingerprint: str):
     "The sidecar of a complete, undamaged token file at `bin_path`, or None (a damaged one is reported in a warning)."
     meta_path = bin_path.with_suffix('.json')
@@ -404,7 +404,7 @@ def load_cached_meta(bin_path: Path, fingerprint: str):
     )
     return None
 
-
+# %% ../nbs/02_data.ipynb #3ecc66c0
 def _batched(it, n):
     batch = []
     for x in it:
@@ -431,7 +431,7 @@ def _bpe_chunks(tok, rows, stats, batch_rows):
 
 _WS = re.compile(r'\s+')
 
-
+# %% ../nbs/02_data.ipynb #a2e084b2
 def _regex_chunks(tok, rows, stats, batch_rows):
     "Id chunks of the regex stream: the non-empty rows joined with `REGEX_JOIN`, as `tok.encode` of the whole text."
     carry, first = '', True
@@ -445,7 +445,7 @@ def _regex_chunks(tok, rows, stats, batch_rows):
     if carry:
         yield [], tok.ids_of([carry])
 
-
+# %% ../nbs/02_data.ipynb #326ec932
 def encode_split(
     tok,
     rows,
@@ -525,7 +525,7 @@ class TokenData:
             + f" tokens, fingerprint {self.fingerprint})"
         )
 
-# %% ../nbs/02_data.ipynb #a4c6f1c6
+# %% ../nbs/02_data.ipynb #f77cc74d
 def _load_tokenizer(path: Path, repair: bool = True):
     "The tokenizer saved at `path` (BPE or regex), None if absent; `repair`: an unreadable file is reported, removed."
     if not path.exists():
@@ -561,7 +561,7 @@ def _train_tokenizer(cfg, path: Path, text, verbose):
         write_atomic(path, tok.to_str(pretty=True).encode(), first_wins=True)
     return _load_tokenizer(path)
 
-
+# %% ../nbs/02_data.ipynb #cba5b87c
 def _from_cache(cfg, cdir: Path, tpath: Path, source: str, text, verbose, build: bool):
     "The TokenData of the recipe from the cache; `build`: train and tokenize what is missing (hold the cache lock)."
     tok, trained = _load_tokenizer(tpath, repair=build), False
@@ -601,7 +601,7 @@ def _from_cache(cfg, cdir: Path, tpath: Path, source: str, text, verbose, build:
         tokenizer_file=tpath,
     )
 
-
+# %% ../nbs/02_data.ipynb #9104e5c8
 def _current_source(corpus, root, text, cdir: Path) -> str:
     "The source text's fingerprint; with no local copy and no Hub, the one last used here (with a warning)."
     last = cdir / 'source.json'
@@ -625,7 +625,7 @@ def _current_source(corpus, root, text, cdir: Path) -> str:
         write_atomic(last, json.dumps(dict(source=source, when=time.strftime('%Y-%m-%d %H:%M:%S'))))
     return source
 
-
+# %% ../nbs/02_data.ipynb #a4c6f1c6
 def prepare_data(cfg: ExperimentConfig, data_dir=None, cache_dir=None, verbose: bool = True) -> TokenData:
     "Tokenizer and token ids of `cfg.corpus` (train cut to `cfg.max_train_lines`), built once, then read from cache."
     root = resolve_data_dir(data_dir)

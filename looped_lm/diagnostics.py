@@ -24,7 +24,7 @@ __all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'POLICIES', 'GRANU
            'exit_outcome', 'calibrate_threshold', 'adaptive_halting', 'halting_speed', 'DiagnosticReport', 'diagnose',
            'matches_key', 'checkpoint_id', 'current_report', 'diagnose_run']
 
-# %% ../nbs/04_diagnostics.ipynb #9cf06f4c
+# %% ../nbs/04_diagnostics.ipynb #f7635442
 DIAG_VERSION = 5  # bump whenever a diagnostic changes: cached reports of another version are recomputed
 
 
@@ -59,7 +59,7 @@ def _pieces(spec, h, ctx, k, chunk: int):
         rows = slice(i, min(B, i + per))
         yield rows, spec.readout(h[rows], ctx if per >= B else slice_context(spec, ctx, rows, h), k)
 
-
+# %% ../nbs/04_diagnostics.ipynb #9cf06f4c
 def token_ce(spec, h, ctx, k, y, chunk: int = 0, scores: bool = False):
     "Per-token CE (B, T) of the loop-`k` readout of `h` against `y` (with `scores`, each token's halting scores too)."
     ce, sc = torch.empty(y.shape, dtype=torch.float32, device=y.device), {}
@@ -148,7 +148,7 @@ def exit_throughput(model, tokens, batch_size=8, seq_len=64, repeats=5, max_batc
         )
     return res
 
-# %% ../nbs/04_diagnostics.ipynb #cc7864c1
+# %% ../nbs/04_diagnostics.ipynb #3e56eca5
 def hill_estimator(x, top_frac: float = 0.01) -> float:
     "Hill estimate of the tail index of positive samples `x` from the top `top_frac` of them."
     x = np.sort(np.asarray(x, dtype=np.float64))[::-1]
@@ -184,7 +184,7 @@ def norm_stats(n: np.ndarray) -> dict:
         tail='heavy' if hill < HEAVY_TAIL_HILL else 'light',
     )
 
-
+# %% ../nbs/04_diagnostics.ipynb #cc7864c1
 def norm_distribution(norms: np.ndarray, bins: int = 40) -> list:
     "Per loop of norms (K, n): `norm_stats`, quantiles p50..p99.9, tail ratio p99.9/p50 and a log-spaced histogram."
     lo, hi = max(norms.min(), 1e-12), norms.max() * 1.0001
@@ -326,7 +326,7 @@ def radial_fractions(
             del hidden, ces, obj, outs
     return [_radial_row(k + 1, acc[k], n, lem[k], through_loops, dtypes) for k in range(K)]
 
-# %% ../nbs/04_diagnostics.ipynb #8244d3c3
+# %% ../nbs/04_diagnostics.ipynb #016fab2c
 def _b_perp(prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     "Per-token norm of the part of the update h - prev orthogonal to prev (float64)."
     return torch.linalg.vector_norm(radial_tangential((h - prev).double(), prev.double())[1], dim=-1)
@@ -360,7 +360,7 @@ def angular_updates(model, tokens, batch_size=8, seq_len=64, max_batches=4, devi
         )
     return res
 
-
+# %% ../nbs/04_diagnostics.ipynb #8244d3c3
 @torch.no_grad()
 def angle_scaling(model, x, k: int = 2, alphas=(1, 10, 100, 1000, 10000)) -> list:
     "The 1/s law on the same tokens: H_{k-1} times alpha, one step, mean angle theta(alpha) and theta*alpha."
@@ -378,7 +378,7 @@ def angle_scaling(model, x, k: int = 2, alphas=(1, 10, 100, 1000, 10000)) -> lis
             res.append(dict(alpha=float(a), angle=th, angle_times_alpha=th * a))
     return res
 
-# %% ../nbs/04_diagnostics.ipynb #99e8a54e
+# %% ../nbs/04_diagnostics.ipynb #c101172a
 @torch.no_grad()
 def clamp_modes(
     spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0, modes=CLAMPS, plain=None
@@ -424,7 +424,7 @@ def clamp_modes(
             r['norm_ratio_vs_loop1'] = r['norm_l2'] / rows[0]['norm_l2']
     return res
 
-
+# %% ../nbs/04_diagnostics.ipynb #99e8a54e
 SCALE_ALPHAS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
 
 
@@ -465,7 +465,7 @@ def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=
         del hid, u
     return [dict(k=k, s=s, a=a, du=du, du_times_s=dus) for k, (s, a, du, dus) in enumerate((acc / nb).tolist(), 1)]
 
-# %% ../nbs/04_diagnostics.ipynb #2c6dd600
+# %% ../nbs/04_diagnostics.ipynb #404b2557
 POLICIES = ('max_prob', 'logit_margin', 'entropy')
 GRANULARITIES = ('sequence', 'token')
 
@@ -500,7 +500,7 @@ def halting_policy(policy: str, threshold: float, K: int, granularity: str = 'to
 
     return rule
 
-
+# %% ../nbs/04_diagnostics.ipynb #31957452
 @torch.no_grad()
 def loop_scores(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0) -> tuple:
     """One unclamped pass over the N windows of `tokens`: per-token CE (K, N, T), halting scores {policy: (K, N, T)},
@@ -530,7 +530,7 @@ def _items(ce, score, granularity):
         return ce.sum(-1), score.mean(-1), ce.shape[-1]
     return ce.reshape(len(ce), -1), score.reshape(len(score), -1), 1
 
-
+# %% ../nbs/04_diagnostics.ipynb #acd5f430
 def exit_outcome(ce, score, threshold: float, granularity: str = 'sequence') -> dict:
     """Each item exits at the first loop k < K whose score >= `threshold`, else at K: perplexity and average loops
     (ce, score: (K, N, T))."""
@@ -556,7 +556,7 @@ def calibrate_threshold(ce, score, granularity='sequence', target: float = 1.01,
     ]
     return min(ok)[2]
 
-
+# %% ../nbs/04_diagnostics.ipynb #2c6dd600
 def adaptive_halting(ce, scores: dict, target: float = 1.01, policies=POLICIES, granularities=GRANULARITIES) -> list:
     "Table 8: per policy and granularity, a threshold calibrated on the first half of the windows, scored on the rest."
     N = ce.shape[1]
@@ -587,7 +587,7 @@ def adaptive_halting(ce, scores: dict, target: float = 1.01, policies=POLICIES, 
             )
     return res
 
-# %% ../nbs/04_diagnostics.ipynb #cc406767
+# %% ../nbs/04_diagnostics.ipynb #0ce10502
 @torch.no_grad()
 def _dynamic_ce(spec, x, y, rule, ce_chunk=0):
     "Loop by loop, dropping the sequences `rule` lets exit: (summed CE, summed exit loops) of the batch."
@@ -614,7 +614,7 @@ def _dynamic_ce(spec, x, y, rule, ce_chunk=0):
         h, ctx, y = h[keep], slice_context(spec, ctx, keep, h), y[keep]
     return tot, loops
 
-
+# %% ../nbs/04_diagnostics.ipynb #cc406767
 @torch.no_grad()
 def halting_speed(
     spec,
@@ -667,7 +667,7 @@ def halting_speed(
         tokens=n_tok,
     )
 
-# %% ../nbs/04_diagnostics.ipynb #a660c4e8
+# %% ../nbs/04_diagnostics.ipynb #2a3faa0b
 def _fmt(v) -> str:
     if v is None:
         return '–'
@@ -683,7 +683,7 @@ def _table(rows: list, cols: list) -> str:
     lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
     return '\n'.join(lines + ['| ' + ' | '.join(_fmt(r.get(c)) for c in cols) + ' |' for r in rows])
 
-
+# %% ../nbs/04_diagnostics.ipynb #a660c4e8
 class DiagnosticReport(dict):
     "Every diagnostic of one model: a plain JSON-able dict that prints as the paper's tables and draws the key figure."
 
@@ -758,7 +758,7 @@ class DiagnosticReport(dict):
         axs[2].legend(fontsize=7)
         return axs
 
-# %% ../nbs/04_diagnostics.ipynb #03206adb
+# %% ../nbs/04_diagnostics.ipynb #942bd8fb
 def _splits(data) -> tuple:
     "({split: ids}, {split: (n_bytes, n_words)}) of a `TokenData`, a dict of splits, or one array of ids (validation)."
     if hasattr(data, 'validation') and hasattr(data, 'test'):
@@ -785,7 +785,7 @@ def _check_args(splits: dict, batch_size, seq_len, spec):
                 "pass more tokens or a smaller seq_len."
             )
 
-
+# %% ../nbs/04_diagnostics.ipynb #03206adb
 def diagnose(
     model,
     data,
@@ -847,7 +847,7 @@ def diagnose(
         **rep,
     )
 
-# %% ../nbs/04_diagnostics.ipynb #d5646914
+# %% ../nbs/04_diagnostics.ipynb #2d545379
 def matches_key(rec, key: dict) -> bool:
     "Whether `rec` is a dict holding every item of `key`: the test of every cached result (a None key never matches)."
     return isinstance(rec, dict) and key is not None and all(rec.get(k) == v for k, v in key.items())
@@ -877,7 +877,7 @@ def checkpoint_id(ckpt) -> str | None:
         f"{Path(ckpt).name}:{file_content_sha(Path(ckpt) / 'model.safetensors')[:16]}"  # hashed once per file version
     )
 
-
+# %% ../nbs/04_diagnostics.ipynb #3899ab52
 def current_report(run_dir) -> DiagnosticReport | None:
     """The run's `diagnostics.json` if these diagnostics (`DIAG_VERSION`) wrote it for its newest checkpoint; else None
     (a damaged file: `RunDirError`)."""
@@ -891,7 +891,7 @@ def current_report(run_dir) -> DiagnosticReport | None:
 
 EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least the run's own batch)
 
-
+# %% ../nbs/04_diagnostics.ipynb #d5646914
 def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> DiagnosticReport:
     "Cached `diagnose` of a run's newest checkpoint (`diagnostics.json`, keyed by checkpoint, `DIAG_VERSION`, batches)."
     from looped_lm.train import load_run, latest_checkpoint

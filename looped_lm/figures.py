@@ -78,7 +78,7 @@ def found_runs(out_dir) -> tuple:
             other.append(rd.name)
     return runs, other
 
-# %% ../nbs/06_figures.ipynb #fa714abc
+# %% ../nbs/06_figures.ipynb #7c2cc5b7
 @dataclass
 class Results:
     """A study read back from its folder: per variant (the ablation's order) one record per seed, the study's
@@ -94,7 +94,7 @@ class Results:
         ok = lambda d: key in d and d[key] is not None and (kind is None or isinstance(d[key], kind))
         return {v: rs for v, rs in self.runs.items() if all(ok(r['diag']) for r in rs)}
 
-
+# %% ../nbs/06_figures.ipynb #fa714abc
 def load_results(out_dir, variants=None, seeds=None) -> Results:
     """The finished, diagnosed runs of `out_dir` (default: every run folder there), read through the ablation's
     `collect`."""
@@ -300,7 +300,7 @@ def fig_ppl_vs_exit(res: Results):
     fig.suptitle('Perplexity vs exit depth', y=1.02)
     return fig
 
-# %% ../nbs/06_figures.ipynb #926db269
+# %% ../nbs/06_figures.ipynb #5a011647
 POLICY_MARKERS = dict(max_prob='^', logit_margin='s', entropy='D')
 HALT_MIN_SAVED = 0.1  # loops: a halting point is drawn only where it saves at least this much compute
 
@@ -329,7 +329,7 @@ def halting_points(seeds, flops) -> list:
         for (p, g), hs in sorted(groups.items())
     ]
 
-
+# %% ../nbs/06_figures.ipynb #c8a785a4
 def fig_frontier(res: Results):
     "Perplexity against forward compute per token at each exit (labels: k), with the calibrated halting points."
     runs = _need(res.having('exits', dict), 'per-exit perplexities')
@@ -370,7 +370,7 @@ def fig_frontier(res: Results):
     )
     return fig
 
-
+# %% ../nbs/06_figures.ipynb #926db269
 def measured_throughput(res: Results):
     "The study's measured evaluation throughput per exit (machine-dependent: a caption, not a figure axis), or None."
     import pandas as pd
@@ -542,7 +542,7 @@ def fig_endpoint(res: Results, gap_threshold: float = 1.0, log_norm_threshold: f
     _legend(ax)
     return fig
 
-# %% ../nbs/06_figures.ipynb #ee6a2bce
+# %% ../nbs/06_figures.ipynb #108bd91d
 FIGURES = dict(
     drift=fig_training_drift,
     norm_tail=fig_norm_tail,
@@ -563,7 +563,7 @@ class FigureSet(list):
         super().__init__(p for ps in drawn.values() for p in ps)
         self.drawn, self.skipped = drawn, skipped
 
-
+# %% ../nbs/06_figures.ipynb #ee6a2bce
 def make_figures(
     out_dir, fig_dir=None, variants=None, seeds=None, show: bool = False, verbose: bool = True
 ) -> FigureSet:

@@ -12,7 +12,7 @@ from pathlib import Path
 __all__ = ['LOCK_NAME', 'WriteError', 'atomic_writer', 'write_atomic', 'pid_alive', 'sweep_stale_tmp', 'LockedError', 'dir_lock',
            'file_sha256', 'file_content_sha']
 
-# %% ../nbs/01b_files.ipynb #ae0e586f
+# %% ../nbs/01b_files.ipynb #af08cf86
 class WriteError(OSError):
     "A file could not be written (disk full, no permission, ...); the message names the file, what happened, the fix."
 
@@ -48,7 +48,7 @@ def _tmp_for(p: Path) -> Path:
     "A temporary name beside `p`, unique to this process and call: `.<name>.<pid>.<random>.tmp`."
     return p.with_name(f'.{p.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp')
 
-
+# %% ../nbs/01b_files.ipynb #22114ca0
 def _fsync_dir(d: Path):
     "Make a rename in folder `d` durable (a no-op where folders cannot be opened)."
     try:
@@ -62,7 +62,7 @@ def _fsync_dir(d: Path):
     finally:
         os.close(fd)
 
-
+# %% ../nbs/01b_files.ipynb #ae0e586f
 @contextlib.contextmanager
 def atomic_writer(p, first_wins: bool = False):
     "A binary file object whose content appears at `p` (fsynced, with its folder) only if the block completes."
@@ -132,7 +132,7 @@ def sweep_stale_tmp(folder, older_than: float = None) -> list:
             gone.append(p)
     return sorted(gone)
 
-# %% ../nbs/01b_files.ipynb #804a6c63
+# %% ../nbs/01b_files.ipynb #442674ed
 LOCK_NAME = '.lock'
 
 
@@ -164,7 +164,7 @@ def _locked_msg(d: Path, what: str, h: dict) -> str:
         f"(The lock is released by the operating system when its holder exits, so a dead holder never blocks you.)"
     )
 
-
+# %% ../nbs/01b_files.ipynb #804a6c63
 @contextlib.contextmanager
 def dir_lock(path, what: str = 'run', wait: bool = False, timeout: float = None, poll: float = 0.1):
     "Hold an exclusive lock on folder `path` (created if needed) for the block; another holder: `LockedError`, or wait."

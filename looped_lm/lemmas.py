@@ -12,7 +12,7 @@ import torch
 # %% auto #0
 __all__ = ['radial_fraction', 'radial_tangential', 'angle_between', 'loglog_slope', 'radial_exact']
 
-# %% ../nbs/00_lemmas.ipynb #4c91e4cd
+# %% ../nbs/00_lemmas.ipynb #6cbdb51e
 def _compute_dtype(*xs) -> torch.dtype:
     return torch.float64 if any(x.dtype == torch.float64 for x in xs) else torch.float32
 
@@ -49,7 +49,7 @@ def radial_tangential(g: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, t
     rad = (gg * u).sum(-1, keepdim=True) * u
     return rad.to(g.dtype), (gg - rad).to(g.dtype)
 
-
+# %% ../nbs/00_lemmas.ipynb #4c91e4cd
 def angle_between(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     "Per-token angle in radians between `a` and `b` (last dim), accurate for tiny angles."
     dt = _compute_dtype(a, b)

@@ -46,7 +46,7 @@ class LoopedLMConfig:
         "The model part of an experiment preset."
         return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
 
-# %% ../nbs/01_model.ipynb #3da9c8ee
+# %% ../nbs/01_model.ipynb #a097285b
 def make_norm(kind: str, d: int, eps: float) -> nn.Module:
     "A scale-invariant norm with a learned gain: `rmsnorm` or `layernorm`."
     if kind == 'rmsnorm':
@@ -75,7 +75,7 @@ class LayerCache:
         self.k, self.v = (k, v) if self.k is None else (torch.cat([self.k, k], 2), torch.cat([self.v, v], 2))
         return self.k, self.v
 
-
+# %% ../nbs/01_model.ipynb #d67244cc
 class CausalSelfAttention(nn.Module):
     "Multi-head causal self-attention without biases; with a `LayerCache`, new queries attend to cached keys too."
 
@@ -102,7 +102,7 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.proj(y.transpose(1, 2).reshape(B, T, D))
 
-
+# %% ../nbs/01_model.ipynb #3da9c8ee
 class MLP(nn.Module):
     "GELU MLP `proj(gelu(fc x))` or SwiGLU `proj(silu(fc x) * gate x)`, hidden int(mlp_ratio*d), no biases."
 
@@ -133,7 +133,7 @@ class Block(nn.Module):
         h = h + self.attn(self.norm1(h), cache)
         return h + self.mlp(self.norm2(h))
 
-# %% ../nbs/01_model.ipynb #f625a947
+# %% ../nbs/01_model.ipynb #d8388970
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     "The dtype a linear layer computes in: the autocast dtype when autocast is on for x's device, else x's."
     dt = x.device.type
@@ -167,7 +167,7 @@ def _ce_chunks(x, w, t, chunk, grads: bool):
             dw += torch.mm(g.t(), xc).float()
     return tot, dx, dw
 
-
+# %% ../nbs/01_model.ipynb #f625a947
 class _LinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, t, chunk):
@@ -220,7 +220,7 @@ def unit_rms(h: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     "Each token's state divided by its RMS: the parameter-free inter-loop normalization."
     return h * torch.rsqrt(_wide(h).pow(2).mean(-1, keepdim=True) + eps).to(h.dtype)
 
-# %% ../nbs/01_model.ipynb #ac82d31a
+# %% ../nbs/01_model.ipynb #ec6e3b39
 MODEL_CARD = """---
 {{ card_data }}
 ---
@@ -243,7 +243,7 @@ Blind Spot in Looped Language Models" (official code: Rituraj003/readout-blind-s
 Load it with `LoopedLM.from_pretrained(path_or_repo)` (package `looped_lm`).
 """
 
-
+# %% ../nbs/01_model.ipynb #ac82d31a
 class LoopedLM(
     nn.Module,
     PyTorchModelHubMixin,
@@ -556,7 +556,7 @@ def _check_generate_args(model, idx, max_new_tokens, temperature, halting):
             "(e.g. `diagnostics.halting_policy`)."
         )
 
-# %% ../nbs/01_model.ipynb #13e69a09
+# %% ../nbs/01_model.ipynb #8541b426
 @torch.no_grad()
 def _generate(
     self,
@@ -596,5 +596,5 @@ def _generate(
         return seq
     return seq, (torch.stack(exits, 1) if exits else torch.zeros(idx.shape[0], 0, dtype=torch.long, device=idx.device))
 
-
+# %% ../nbs/01_model.ipynb #13e69a09
 LoopedLM.generate = _generate

@@ -56,7 +56,7 @@ class LoopSpec:
     def __repr__(self):
         return f"LoopSpec({self.name!r}, K={self.K}, state={self.state!r})"
 
-# %% ../nbs/03a_protocol.ipynb #01ebec23
+# %% ../nbs/03a_protocol.ipynb #eadfdb3d
 def _device(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device('cpu')
@@ -94,7 +94,7 @@ def from_looped_lm(model: LoopedLM) -> LoopSpec:
         readout_norm=readout_norm,
     )
 
-
+# %% ../nbs/03a_protocol.ipynb #01ebec23
 def as_spec(model_or_spec) -> LoopSpec:
     "A `LoopSpec` as is; a `LoopedLM` (also compiled or DDP-wrapped) through `from_looped_lm`; else refused."
     if isinstance(model_or_spec, LoopSpec):
@@ -109,7 +109,7 @@ def as_spec(model_or_spec) -> LoopSpec:
         "LoopSpec(init, step, readout, K, state=...), or build one with from_hooks(model, loop_module, readout, K)."
     )
 
-# %% ../nbs/03a_protocol.ipynb #d930a837
+# %% ../nbs/03a_protocol.ipynb #db9c76e7
 def _rms64(h):
     return h.double().pow(2).mean(-1, keepdim=True).sqrt()
 
@@ -146,7 +146,7 @@ def _memo(spec: LoopSpec) -> dict:
         spec.__dict__['_memo'] = old = (fields, {})
     return old[1]
 
-
+# %% ../nbs/03a_protocol.ipynb #d930a837
 def clamp_refusal(spec) -> str:
     "Why `spec` cannot be clamped ('' if it can): its `no_clamp`, or what its check found (a step that ignores H)."
     spec = as_spec(spec)
@@ -180,7 +180,7 @@ def run_loops(spec, tokens, k: int, clamp: str = 'none', grad: bool = False) -> 
             hidden.append(h)
     return hidden, ctx
 
-# %% ../nbs/03a_protocol.ipynb #b3f4c22c
+# %% ../nbs/03a_protocol.ipynb #580e1a93
 def _leaves(ctx) -> list:
     "The tensors of a context (nested tuples, lists and dicts), in the order `slice_context` visits them."
     if isinstance(ctx, torch.Tensor):
@@ -215,7 +215,7 @@ def context_layout(spec, seq_len: int, device='cpu') -> list:
             memo['layout'].append(bool(rows))
     return memo['layout']
 
-
+# %% ../nbs/03a_protocol.ipynb #b3f4c22c
 def slice_context(spec, ctx, rows, like: torch.Tensor):
     "The context of the sequences `rows` (slice or bool mask) of the batch whose states are `like` (B, T, ...)."
     spec = as_spec(spec)
@@ -254,7 +254,7 @@ def token_windows(ids, seq_len: int, batch_size: int, max_batches: int = None, d
         )
     return eval_batches(ids, batch_size, seq_len, max_batches, device=device)
 
-# %% ../nbs/03a_protocol.ipynb #4dd7a512
+# %% ../nbs/03a_protocol.ipynb #3da98de4
 class _Stop(Exception):
     "Raised by the pre-hook to end a forward pass at the loop module's first call."
 
@@ -272,7 +272,7 @@ def _state_of(out, select, name):
         )
     return out
 
-
+# %% ../nbs/03a_protocol.ipynb #b83c6224
 def _first_calls(model, mods, tokens, forward_kwargs, name):
     "(state, [(other args, kwargs) of each loop module's first call]) in model(tokens); the forward stops at the last."
     got = [None] * len(mods)
@@ -304,7 +304,7 @@ def _first_calls(model, mods, tokens, forward_kwargs, name):
         )
     return got[0][0][0], [(args[1:], kwargs) for args, kwargs in got]
 
-
+# %% ../nbs/03a_protocol.ipynb #9bdbbdeb
 def _check_count(n, K, name, what):
     if n == K:
         return
@@ -318,7 +318,7 @@ def _check_count(n, K, name, what):
     )
     raise LoopSpecError(f"{name}: {what} gave {n} states for K={K}: {hint}.")
 
-
+# %% ../nbs/03a_protocol.ipynb #4dd7a512
 def from_hooks(
     model: nn.Module,
     loop_module: nn.Module,
@@ -424,7 +424,7 @@ def from_hooks(
         modules=(model,),
     )
 
-# %% ../nbs/03a_protocol.ipynb #6c20c4a5
+# %% ../nbs/03a_protocol.ipynb #0d2f29b2
 def _ce64(logits, y):
     "Mean next-token cross-entropy in float64."
     return F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]), y.reshape(-1).to(logits.device)).item()
@@ -451,7 +451,7 @@ def _scale_answer(scale, tol):
         f"{kind}: the CE of the final readout changes by {d:.2g} nats when H_K is halved or doubled (float64)",
     )
 
-
+# %% ../nbs/03a_protocol.ipynb #6c20c4a5
 def readout_norm_at(spec, k: int, dtype=torch.float32):
     "('rmsnorm' | 'layernorm', eps) of the norm the readout applies to H_k itself at loop `k` (`spec.readout_norm`)."
     n = spec.readout_norm
@@ -589,7 +589,7 @@ def _check_readout(spec, hs, ctx, y, res):
         res['scale'] = [dict(alpha=a, ce=_ce64(spec.readout(a * hs[-1], ctx, K), y)) for a in (0.5, 1.0, 2.0)]
         res['ce'] = [_ce64(spec.readout(h, ctx, k), y) for k, h in enumerate(hs, 1)]
 
-# %% ../nbs/03a_protocol.ipynb #43a40b1c
+# %% ../nbs/03a_protocol.ipynb #47908be4
 def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
     "Run `spec` on `tokens` and raise `LoopSpecError` for the silent mistakes; return what was measured (see above)."
     spec = as_spec(spec)
@@ -620,7 +620,7 @@ def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
     _memo(spec)['verdict'] = res
     return res
 
-
+# %% ../nbs/03a_protocol.ipynb #43a40b1c
 def checked_spec(spec, tokens, targets=None) -> dict:
     "`check_spec`'s verdict, measured once per spec object (a refusal is raised again): the guard of every diagnostic."
     spec, memo = as_spec(spec), _memo(as_spec(spec))

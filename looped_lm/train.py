@@ -81,7 +81,7 @@ def train_batch(data: TokenData, cfg: ExperimentConfig, gen: torch.Generator, st
         return window_batch(data.train, cfg.batch_size, cfg.seq_len, cfg.stride, cfg.seed, step, device=device)
     return get_batch(data.train, cfg.batch_size, cfg.seq_len, gen, device=device)
 
-# %% ../nbs/03_train.ipynb #a541aca1
+# %% ../nbs/03_train.ipynb #7eff13a6
 class TrainingError(RuntimeError):
     "A run that diverged: the guard stopped it, kept the last finite checkpoint and marked the run `failed`."
 
@@ -120,7 +120,7 @@ def world() -> tuple:
     "(rank, world_size): (0, 1) unless running under an initialized torch.distributed process group."
     return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
 
-
+# %% ../nbs/03_train.ipynb #a541aca1
 def init_distributed():
     "Join the process group that `torchrun` describes in the environment (gloo on CPU, nccl on GPU); no-op otherwise."
     if int(os.environ.get('WORLD_SIZE', '1')) > 1 and not dist.is_initialized():
@@ -129,7 +129,7 @@ def init_distributed():
             torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
     return world()
 
-# %% ../nbs/03_train.ipynb #1fc43f52
+# %% ../nbs/03_train.ipynb #4cffa9af
 def read_json(path: Path, default=None):
     "The JSON value in `path` (`default` if there is no such file); a damaged file is a `RunDirError` naming it."
     path = Path(path)
@@ -159,7 +159,7 @@ def expected_records(cfg: ExperimentConfig, step: int) -> list:
     recs = [('train', s) for s in range(1, step + 1) if s % cfg.log_every == 0 or s == cfg.steps]
     return recs + [('eval', cfg.steps)] if step == cfg.steps else recs
 
-
+# %% ../nbs/03_train.ipynb #273d0130
 def _parse_metrics(p: Path, torn_ok: bool) -> list:
     lines, recs = p.read_text().splitlines(), []
     for i, l in enumerate(lines):
@@ -194,7 +194,7 @@ def read_metrics(run_dir, kind: str = None) -> list:
             )
     return [r for r in recs if kind is None or r['kind'] == kind]
 
-
+# %% ../nbs/03_train.ipynb #1fc43f52
 def _missing(have, want) -> str:
     gone, extra = [s for s in want if s not in have], [s for s in have if s not in want or have.count(s) > 1]
     return (
@@ -225,7 +225,7 @@ def fsync(*paths):
         finally:
             os.close(fd)
 
-# %% ../nbs/03_train.ipynb #h3a1b2c2
+# %% ../nbs/03_train.ipynb #a5fd69cf
 CKPT_FILES = ('model.safetensors', 'state.pt')  # a checkpoint's files; its `hashes.json` records their SHA-256
 CKPT_FORMAT = 2  # state.pt's `format`: 2, the checkpoint has a hashes.json; none: written before hashes were
 
@@ -262,7 +262,7 @@ def _damaged(ckpt_dir: Path, what: str) -> DamagedCheckpointError:
         "trained again from step 0 (the same seed gives the same run)."
     )
 
-
+# %% ../nbs/03_train.ipynb #h3a1b2c2
 def verify_checkpoint(ckpt_dir) -> dict:
     "Check each file of `ckpt_dir` against its `hashes.json` (`DamagedCheckpointError`); returns the hashes."
     ckpt_dir, p = Path(ckpt_dir), Path(ckpt_dir) / 'hashes.json'
@@ -294,7 +294,7 @@ def _first_hashes(ckpt_dir: Path) -> dict:
     )
     return hashes
 
-# %% ../nbs/03_train.ipynb #7e0a02aa
+# %% ../nbs/03_train.ipynb #afcb6b82
 def _rng_state(gen: torch.Generator) -> dict:
     "The state of every RNG the next step reads: torch, the data generator `gen`, Python, NumPy (and CUDA)."
     s = dict(torch=torch.get_rng_state(), data=gen.get_state(), python=random.getstate(), numpy=np.random.get_state())
@@ -327,7 +327,7 @@ def _os_errno(e: Exception):
     m = re.search(r'\(os error (\d+)\)', str(e))
     return getattr(e, 'errno', None) or (int(m[1]) if m else None)
 
-
+# %% ../nbs/03_train.ipynb #b26ba0b1
 def _write_checkpoint_files(tmp: Path, model, state: dict):
     "Write the weights, the trainer state and their `hashes.json` into `tmp`, durably (else `CheckpointWriteError`)."
     f = tmp / 'model.safetensors'
@@ -347,7 +347,7 @@ def _write_checkpoint_files(tmp: Path, model, state: dict):
             "run the same command again: the run resumes from its last checkpoint."
         ) from e
 
-
+# %% ../nbs/03_train.ipynb #105ce72b
 def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, data: dict):
     "Write `ckpt-<step>/` completely and durably, point `latest` at it, drop older ones. `data`: the `data_record`."
     run_dir = Path(run_dir)
@@ -380,7 +380,7 @@ def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, data: 
         if old.name != d.name:
             shutil.rmtree(old, ignore_errors=True)
 
-
+# %% ../nbs/03_train.ipynb #174f1e34
 def latest_checkpoint(run_dir):
     "The newest checkpoint folder, or None when none was written; a `latest` naming no complete one: `RunDirError`."
     p = Path(run_dir) / 'latest'
@@ -408,7 +408,7 @@ def _data_mismatch(old: dict, data: TokenData) -> str:
     diff = [k for k in ('corpus', 'fingerprint', 'vocab_size') if k in old and old[k] != new[k]]
     return ', '.join(f"{k} {old[k]!r} then, {new[k]!r} now" for k in diff)
 
-
+# %% ../nbs/03_train.ipynb #8b6c7beb
 def load_checkpoint(ckpt_dir, model, opt=None, gen=None, cfg: ExperimentConfig = None, data: TokenData = None) -> int:
     "Restore weights (and optimizer and RNG states when given) from `ckpt_dir`, its hashes checked; returns the step."
     ckpt_dir = Path(ckpt_dir)
@@ -438,7 +438,7 @@ def load_checkpoint(ckpt_dir, model, opt=None, gen=None, cfg: ExperimentConfig =
         raise RunDirError(f"Checkpoint {ckpt_dir} is corrupted or does not fit this model ({why}). {fix}") from e
     return state['step']
 
-
+# %% ../nbs/03_train.ipynb #7e0a02aa
 def restore_config(run_dir) -> dict:
     "Write back a lost `config.json` from the config the newest checkpoint recorded (its hashes checked); returns it."
     run_dir = Path(run_dir)
@@ -520,7 +520,7 @@ def train(
             run.progress.tick(run.step)
         return finish(run)
 
-# %% ../nbs/03_train.ipynb #cf8a2ee1
+# %% ../nbs/03_train.ipynb #b3b4838f
 @dataclass
 class RunResult:
     "What `train` returns: where the run lives, its state, its step and its last train and eval records."
@@ -548,7 +548,7 @@ def _check_writable(run_dir: Path):
             "Choose a writable out_dir / run directory."
         ) from None
 
-
+# %% ../nbs/03_train.ipynb #d1fdc65c
 def _no_config(run_dir: Path) -> str:
     "'' when `run_dir` holds no run, else why a run there without `config.json` cannot be used, and the fixes."
     left = (
@@ -579,7 +579,7 @@ def _config_of(run_dir: Path) -> ExperimentConfig | None:
             f"{run_dir / 'config.json'} does not hold a valid config ({e}); delete {run_dir} and train it again."
         ) from None
 
-
+# %% ../nbs/03_train.ipynb #09373d51
 def _check_identity(run_dir: Path, cfg: ExperimentConfig):
     old = _config_of(run_dir)
     if old is not None and old.to_dict() != cfg.to_dict():
@@ -609,7 +609,7 @@ def _check_fits(cfg: ExperimentConfig, data: TokenData):
                 "lower seq_len or raise max_train_lines."
             )
 
-
+# %% ../nbs/03_train.ipynb #2e1d74de
 def _check_data(run_dir: Path, cfg: ExperimentConfig, data: TokenData):
     "Refuse token data that cannot fit the preset, or that differs from what the run in `run_dir` was trained on."
     _check_fits(cfg, data)
@@ -643,7 +643,7 @@ def run_lock(run_dir: Path, rank: int):
             if new is not None and [p for p in new.rglob('*') if not p.is_dir()] == [run_dir / LOCK_NAME]:
                 shutil.rmtree(new)
 
-
+# %% ../nbs/03_train.ipynb #cf8a2ee1
 def open_run(cfg: ExperimentConfig, run_dir: Path, data: TokenData | None, rank: int) -> RunResult | None:
     "Under the lock: refuse another run's folder; a failed run's verdict again; a finished run's result; None: train."
     if rank == 0:
@@ -658,7 +658,7 @@ def open_run(cfg: ExperimentConfig, run_dir: Path, data: TokenData | None, rank:
             _check_data(run_dir, cfg, data)
         return _result(run_dir)
 
-# %% ../nbs/03_train.ipynb #07597a84
+# %% ../nbs/03_train.ipynb #9212eefe
 class Progress:
     "Plain progress lines, for a terminal and papermill alike: about every 10% of the steps, at least every `every_s`."
 
@@ -699,7 +699,7 @@ class Progress:
         )
         self.t_print = now
 
-
+# %% ../nbs/03_train.ipynb #70cdc7cf
 def _hms(s: float) -> str:
     return '?' if not math.isfinite(s) else f"{int(s) // 3600}:{int(s) // 60 % 60:02d}:{int(s) % 60:02d}"
 
@@ -732,7 +732,7 @@ class Guard:
             fb = torch.where(fb == big, -1, fb)
         return None if fb.item() < 0 else (int(fb), bd.tolist())
 
-
+# %% ../nbs/03_train.ipynb #afcbd5fe
 @dataclass
 class Run:
     "What one training call works with. `step`: optimiser steps done; `end`: the budget; `last`: where this call stops."
@@ -776,7 +776,7 @@ class Run:
         "Whether step `s` writes a checkpoint: every `ckpt_every` steps and where this call stops."
         return s % self.cfg.ckpt_every == 0 or s == self.last
 
-
+# %% ../nbs/03_train.ipynb #9d18b9c8
 def _barrier(world_size: int):
     if world_size > 1:
         dist.barrier()
@@ -807,7 +807,7 @@ def check_resume(run_dir: Path, cfg: ExperimentConfig):
         recs = []
     write_atomic(p, ''.join(json.dumps(r) + '\n' for r in recs))
 
-
+# %% ../nbs/03_train.ipynb #07597a84
 def start_run(
     cfg, run_dir: Path, data: TokenData, device, rank: int, world_size: int, max_steps, progress: bool, label
 ) -> Run:
@@ -850,7 +850,7 @@ def start_run(
         s0=step,
     )
 
-# %% ../nbs/03_train.ipynb #591602b6
+# %% ../nbs/03_train.ipynb #ccaa9a3d
 def train_step(run: Run):
     "One optimiser step on the run's next batch; returns what a log step reads: objective, model output, gradient norm."
     cfg = run.cfg
@@ -874,7 +874,7 @@ def train_step(run: Run):
     run.step += 1
     return obj, out, gnorm
 
-
+# %% ../nbs/03_train.ipynb #591602b6
 def check_finite(run: Run):
     "Stop a diverged run: mark it failed with a message naming the run, its options, the step and what went non-finite."
     if (v := run.guard.verdict(run.world_size)) is None:
@@ -903,7 +903,7 @@ def check_finite(run: Run):
         set_status(run_dir, 'failed', step, msg)
     raise TrainingError(msg)
 
-# %% ../nbs/03_train.ipynb #606aa8a5
+# %% ../nbs/03_train.ipynb #21c39b7a
 def _over_ranks(run: Run, objv, losses, radial, norms, margin):
     "The log values of the whole global batch: means of means, maxima of maxima (p50/p99 stay rank 0's)."
     K = run.cfg.K
@@ -918,7 +918,7 @@ def _over_ranks(run: Run, objv, losses, radial, norms, margin):
         n.update(mean=m_, max=x_)
     return mean[0], mean[1 : 1 + nl], mean[1 + nl : 1 + nl + K], norms, mx[0]
 
-
+# %% ../nbs/03_train.ipynb #606aa8a5
 def log_step(run: Run, obj, out, gnorm):
     "Check the guard, then append the step's train record to `metrics.jsonl` and note it for the progress line."
     check_finite(run)
@@ -975,7 +975,7 @@ def finish(run: Run) -> RunResult:
     _barrier(run.world_size)
     return _result(run.run_dir)
 
-# %% ../nbs/03_train.ipynb #887b9294
+# %% ../nbs/03_train.ipynb #172a2116
 def parse_sets(preset: str, sets: list) -> dict:
     "`key=value` strings -> typed overrides of `preset`, checked as `settings.ini` values are (`parse_values`)."
     pairs = {}
@@ -988,7 +988,7 @@ def parse_sets(preset: str, sets: list) -> dict:
         pairs[key.strip()] = raw.strip()
     return parse_values(preset, pairs, where='--set')
 
-
+# %% ../nbs/03_train.ipynb #887b9294
 def train_cli(argv: list = None):
     "`looped-lm-train PRESET RUN_DIR [--set key=value ...] [--data-dir DIR]`: train a preset, resuming a stopped run."
     ap = argparse.ArgumentParser(
