@@ -32,7 +32,7 @@ __all__ = ['PAPER_LR', 'PAPER_BATCH_TOKENS', 'PAPER_STEPS', 'PAPER_WIDTH', 'CLOC
            'HorizonJob', 'HorizonPlan', 'horizon_run_name', 'check_horizon', 'horizon_key', 'load_kept',
            'measure_checkpoint', 'read_records', 'put_record', 'cached_record', 'keep_checkpoint', 'measure_step',
            'advance', 'plan_records', 'record_row', 'horizon_table', 'collapse_spread', 'collapse_test',
-           'synthetic_horizon', 'dose_response', 'drift_law', 'estimate_seconds', 'measure_step_seconds', 'Horizon',
+           'synthetic_horizon', 'dose_response', 'drift_law', 'horizon_seconds', 'measure_step_seconds', 'Horizon',
            'analyse', 'write_horizon', 'run_horizon']
 
 # %% ../nbs/08_horizon.ipynb #2b9b5d3c
@@ -529,7 +529,7 @@ def drift_law(df: pd.DataFrame, split_step: int, variant: str = AT_RISK, clock: 
     return out
 
 # %% ../nbs/08_horizon.ipynb #2c30719a
-def estimate_seconds(plan: HorizonPlan, timing: dict, reference: ExperimentConfig) -> dict:
+def horizon_seconds(plan: HorizonPlan, timing: dict, reference: ExperimentConfig) -> dict:
     "The plan's CPU seconds on one thread: training (FLOPs-scaled from the timed `reference`) and measuring."
     per_step = train_flops(reference) / reference.steps
     train_s = sum(timing['step_s'] * train_flops(j.cfg) / per_step for j in plan.jobs)

@@ -24,10 +24,10 @@ __all__ = ['CKPT_FILES', 'CKPT_FORMAT', 'RUN_FILES', 'norm_penalty', 'objective'
            'train_batch', 'TrainingError', 'RunDirError', 'resolve_device', 'autocast', 'world', 'init_distributed',
            'read_json', 'set_status', 'run_status', 'expected_records', 'read_metrics', 'append_metrics', 'fsync',
            'DamagedCheckpointError', 'record_hashes', 'verify_checkpoint', 'data_record', 'CheckpointWriteError',
-           'save_checkpoint', 'latest_checkpoint', 'config_diff', 'load_checkpoint', 'restore_config', 'norm_stats',
-           'overflow_margin', 'evaluate', 'train', 'RunResult', 'run_lock', 'open_run', 'Progress', 'Guard', 'Run',
-           'check_resume', 'start_run', 'train_step', 'check_finite', 'log_step', 'checkpoint_step', 'finish',
-           'parse_sets', 'train_cli', 'load_run']
+           'save_checkpoint', 'latest_checkpoint', 'config_diff', 'load_checkpoint', 'restore_config',
+           'hidden_norm_summary', 'overflow_margin', 'evaluate', 'train', 'RunResult', 'run_lock', 'open_run',
+           'Progress', 'Guard', 'Run', 'check_resume', 'start_run', 'train_step', 'check_finite', 'log_step',
+           'checkpoint_step', 'finish', 'parse_sets', 'train_cli', 'load_run']
 
 # %% ../nbs/03_train.ipynb #5cb2a61f
 def norm_penalty(hidden: list) -> torch.Tensor:
@@ -453,7 +453,7 @@ def restore_config(run_dir) -> dict:
     return c
 
 # %% ../nbs/03_train.ipynb #484c157a
-def norm_stats(h: torch.Tensor) -> dict:
+def hidden_norm_summary(h: torch.Tensor) -> dict:
     "mean, p50, p99 and max of the per-token norms of `h`."
     n = h.detach().float().norm(dim=-1).flatten()
     q = torch.quantile(n[: 2**24], torch.tensor([0.5, 0.99], device=n.device))
@@ -924,7 +924,7 @@ def log_step(run: Run, obj, out, gnorm):
     check_finite(run)
     cfg = run.cfg
     losses = out.losses.detach().float().tolist()
-    norms = [norm_stats(h) for h in out.hidden]
+    norms = [hidden_norm_summary(h) for h in out.hidden]
     radial = [radial_fraction(h.grad, h.detach()).item() if h.grad is not None else float('nan') for h in out.hidden]
     objv, margin = obj.item(), overflow_margin(out.hidden, cfg.dtype)
     if run.world_size > 1:
