@@ -29,9 +29,9 @@ from looped_lm.files import (  # noqa: F401 -- the file tools lived here: old im
 __all__ = ['SPLITS', 'HUB_REPO', 'DATA_ENV', 'CACHE_ENV', 'HUB_CORPORA', 'EOT', 'REGEX_PATTERN', 'REGEX_SPECIALS', 'REGEX_JOIN',
            'CACHE_VERSION', 'DataNotFoundError', 'resolve_data_dir', 'local_files', 'hub_offline', 'load_corpus',
            'iter_rows', 'with_article_starts', 'train_tokenizer', 'Encoding', 'RegexTokenizer', 'resolve_cache_dir',
-           'source_fingerprint', 'tokenizer_path', 'load_cached_split', 'load_cached_meta', 'encode_split', 'TokenData',
-           'prepare_data', 'bits_per_byte', 'word_perplexity', 'get_batch', 'eval_batches', 'window_starts',
-           'n_windows', 'window_batch']
+           'source_fingerprint', 'tokenizer_path', 'load_cached_split', 'load_cached_meta', 'decoded_byte_lengths',
+           'decoded_bytes', 'encode_split', 'TokenData', 'prepare_data', 'bits_per_byte', 'word_perplexity',
+           'get_batch', 'eval_batches', 'window_starts', 'n_windows', 'window_batch']
 
 # %% ../nbs/02_data.ipynb #366f78b6
 SPLITS = ('train', 'validation', 'test')
@@ -445,6 +445,22 @@ def _regex_chunks(tok, rows, stats, batch_rows):
     if carry:
         yield [], tok.ids_of([carry])
 
+# %% ../nbs/02_data.ipynb #b4c4c658
+def decoded_byte_lengths(tok) -> np.ndarray:
+    "Per id, the UTF-8 bytes it adds to `tok.decode(ids)`: 0 for the special tokens (`<unk>`, `EOT`, ...)."
+    if isinstance(tok, RegexTokenizer):
+        return np.array([0 if t in REGEX_SPECIALS else len(t.encode('utf-8')) for t in tok.itos], dtype=np.int64)
+    special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    toks = (tok.id_to_token(i) for i in range(tok.get_vocab_size()))
+    return np.array([0 if t in special else len(t) for t in toks], dtype=np.int64)  # byte-level: 1 char = 1 byte
+
+
+def decoded_bytes(ids, lengths: np.ndarray, chunk: int = 1 << 24) -> int:
+    "UTF-8 bytes of the text `ids` decode back to, given `decoded_byte_lengths`; counted `chunk` ids at a time."
+    return sum(
+        int(np.bincount(ids[i : i + chunk], minlength=len(lengths)) @ lengths) for i in range(0, len(ids), chunk)
+    )
+
 # %% ../nbs/02_data.ipynb #326ec932
 def encode_split(
     tok,
@@ -458,19 +474,22 @@ def encode_split(
 ) -> dict:
     "Tokenize `rows` into `bin_path` and its sidecar (dtype, length, SHA-256, bytes, words), atomically; returns it."
     dt, h = _dtype(tok.get_vocab_size()), hashlib.sha256()
-    stats = dict(n_tokens=0, n_articles=0, n_bytes=0, n_words=0)
+    stats = dict(n_tokens=0, n_articles=0, n_bytes=0, n_words=0, n_bytes_decoded=0)
+    lengths = decoded_byte_lengths(tok)
     chunks = (_regex_chunks if isinstance(tok, RegexTokenizer) else _bpe_chunks)(tok, rows, stats, batch_rows)
     with (
         atomic_writer(bin_path) as f,
         tqdm(total=total, desc=desc, unit=' rows', disable=not verbose, mininterval=1) as bar,
     ):
         for batch, ids in chunks:
-            b = np.asarray(ids, dtype=dt).tobytes()
+            a = np.asarray(ids, dtype=dt)
+            b = a.tobytes()
             f.write(b)
             h.update(b)
             stats['n_tokens'] += len(ids)
             stats['n_bytes'] += sum(len(r.encode('utf-8')) for r in batch)
             stats['n_words'] += sum(len(r.split()) for r in batch)
+            stats['n_bytes_decoded'] += decoded_bytes(a, lengths)  # what the ids give back: <unk> counts 0
             bar.update(len(batch))
         if total:
             bar.n = total
@@ -504,6 +523,7 @@ class TokenData:
     tokenizer_trained: bool = False  # whether this call trained the tokenizer
     n_bytes: dict = field(default_factory=dict)  # split -> UTF-8 bytes of the text its tokens encode
     n_words: dict = field(default_factory=dict)  # split -> whitespace-separated words of that text
+    n_bytes_decoded: dict = field(default_factory=dict)  # split -> UTF-8 bytes its ids decode back to (<unk>: 0)
     source: str = ''  # fingerprint of the source text (local files' content, or the Hub dataset)
     tokenizer_file: Path = None  # where the tokenizer is saved
 
@@ -562,6 +582,11 @@ def _train_tokenizer(cfg, path: Path, text, verbose):
     return _load_tokenizer(path)
 
 # %% ../nbs/02_data.ipynb #cba5b87c
+def _n_bytes_decoded(meta: dict, ids, tok) -> int:
+    "The sidecar's `n_bytes_decoded`; a sidecar written before it existed: counted from the cached ids."
+    return meta['n_bytes_decoded'] if 'n_bytes_decoded' in meta else decoded_bytes(ids, decoded_byte_lengths(tok))
+
+
 def _from_cache(cfg, cdir: Path, tpath: Path, source: str, text, verbose, build: bool):
     "The TokenData of the recipe from the cache; `build`: train and tokenize what is missing (hold the cache lock)."
     tok, trained = _load_tokenizer(tpath, repair=build), False
@@ -597,6 +622,7 @@ def _from_cache(cfg, cdir: Path, tpath: Path, source: str, text, verbose, build:
         tokenizer_trained=trained,
         n_bytes={s: m['n_bytes'] for s, m in metas.items()},
         n_words={s: m['n_words'] for s, m in metas.items()},
+        n_bytes_decoded={s: _n_bytes_decoded(m, arrays[s], tok) for s, m in metas.items()},
         source=source,
         tokenizer_file=tpath,
     )
