@@ -42,7 +42,7 @@ def test_paper_clock():
     assert PAPER_DRIFT_RMS['44M'] == pytest.approx(39207 / math.sqrt(512))
     cfg = load_preset('cpu', schedule='constant', warmup_steps=0, lr=1e-2)
     assert clock_of(cfg, 3000) == dict(lr_steps=pytest.approx(30.0), steps=3000.0, tokens=3000.0 * 16 * 64)
-    cos = load_preset('cpu')
+    cos = load_preset('cpu-cosine')
     assert 3.0 < clock_of(cos, cos.steps)['lr_steps'] < 3.6  # the cosine preset: about a ninth of the paper's
 
 
