@@ -19,7 +19,8 @@ from bench_lib import RESULTS, SCRATCH, machine, write_json
 
 
 def run_study(preset, variants, seeds, workers, out_dir) -> dict:
-    from looped_lm.ablation import run_ablation, write_tables
+    from looped_lm.ablation import run_ablation
+    from looped_lm.tables import write_tables
 
     t = time.perf_counter()
     records = run_ablation(preset, variants, seeds, out_dir, workers=workers, progress=False)

@@ -6,31 +6,27 @@ beyond the training depth, calibrated halting, per-token norms, throughput per e
 
 # %% ../nbs/04_diagnostics.ipynb #25e17e10
 from __future__ import annotations
-import dataclasses, itertools, json, math, statistics, time, warnings, weakref
+import dataclasses, itertools, json, math, statistics, time, warnings
 from contextlib import contextmanager
 from pathlib import Path
-import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+import numpy as np, torch, torch.nn as nn
 from .lemmas import radial_fraction, radial_exact, angle_between, radial_tangential
-from .data import eval_batches, bits_per_byte, word_perplexity
+from .data import bits_per_byte, word_perplexity
 from .files import write_atomic, file_content_sha
-from .protocol import LoopSpec, LoopSpecError, as_spec, run_loops, checked_spec, token_windows, CLAMPS
-from .protocol import slice_context, clamp_refusal, readout_norm_at, IGNORED_STATE
+from .protocol import LoopSpecError, as_spec, run_loops, checked_spec, token_windows, CLAMPS
+from .protocol import clamp_refusal, readout_norm_at, IGNORED_STATE, guarded_spec, readout_pieces, token_ce
+from .halting import loop_scores, adaptive_halting
+from .rundir import latest_checkpoint, load_run, read_json
+from .train import norm_penalty as penalty
 
 # %% auto #0
-__all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'POLICIES', 'GRANULARITIES', 'EVAL_TOKENS', 'token_ce',
-           'eval_exits', 'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'norm_distribution',
-           'float64_spec', 'radial_scale', 'radial_scale_of', 'radial_fractions', 'angular_updates', 'angle_scaling',
-           'clamp_modes', 'scale_sensitivity', 'lemma2', 'halting_scores', 'halting_policy', 'loop_scores',
-           'exit_outcome', 'calibrate_threshold', 'adaptive_halting', 'halting_speed', 'DiagnosticReport', 'diagnose',
-           'matches_key', 'checkpoint_id', 'current_report', 'diagnose_run']
+__all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'EVAL_TOKENS', 'eval_exits', 'exit_throughput', 'hill_estimator',
+           'token_norms', 'norm_stats', 'norm_distribution', 'float64_spec', 'radial_scale', 'radial_scale_of',
+           'radial_fractions', 'angular_updates', 'angle_scaling', 'clamp_modes', 'scale_sensitivity', 'lemma2',
+           'DiagnosticReport', 'diagnose', 'matches_key', 'checkpoint_id', 'current_report', 'diagnose_run']
 
 # %% ../nbs/04_diagnostics.ipynb #f7635442
 DIAG_VERSION = 5  # bump whenever a diagnostic changes: cached reports of another version are recomputed
-
-
-def _batches(tokens, batch_size, seq_len, max_batches=None, device='cpu'):
-    "Consecutive non-overlapping windows of `tokens` (all of them when `max_batches` is None): `token_windows`."
-    return token_windows(tokens, seq_len, batch_size, max_batches, device)
 
 
 def _module(obj):
@@ -42,45 +38,15 @@ def _looped_config(obj):
     "The `LoopedLMConfig` of a `LoopedLM` (or of the model behind its spec), else None."
     return getattr(_module(obj), 'config', None) if hasattr(getattr(_module(obj), 'config', None), 'readout') else None
 
-
-def _guarded(obj, tokens, seq_len: int, device='cpu', K: int = None) -> LoopSpec:
-    "The spec of `obj` (run for `K` loops if given), checked once per spec object on the first window of `tokens`."
-    spec = as_spec(obj) if K is None else dataclasses.replace(as_spec(obj), K=K)
-    x, y = next(iter(_batches(tokens, 2, seq_len, 1, device)))
-    checked_spec(spec, x, y)  # raises LoopSpecError, naming the cause, before any expensive work
-    return spec
-
-
-def _pieces(spec, h, ctx, k, chunk: int):
-    "(rows, logits) of the readout of `h` at loop `k`, `chunk` tokens at a time (whole sequences; 0: all at once)."
-    B, T = h.shape[:2]
-    per = B if chunk <= 0 else max(1, chunk // T)
-    for i in range(0, B, per):
-        rows = slice(i, min(B, i + per))
-        yield rows, spec.readout(h[rows], ctx if per >= B else slice_context(spec, ctx, rows, h), k)
-
-# %% ../nbs/04_diagnostics.ipynb #9cf06f4c
-def token_ce(spec, h, ctx, k, y, chunk: int = 0, scores: bool = False):
-    "Per-token CE (B, T) of the loop-`k` readout of `h` against `y` (with `scores`, each token's halting scores too)."
-    ce, sc = torch.empty(y.shape, dtype=torch.float32, device=y.device), {}
-    for rows, logits in _pieces(spec, h, ctx, k, chunk):
-        lg = logits.float()
-        ce[rows] = F.cross_entropy(lg.flatten(0, -2), y[rows].flatten(), reduction='none').view(y[rows].shape)
-        if scores:
-            for p, s in halting_scores(lg).items():
-                sc.setdefault(p, torch.empty_like(ce))[rows] = s
-        del logits, lg
-    return (ce, sc) if scores else ce
-
 # %% ../nbs/04_diagnostics.ipynb #5862c7e3
 @torch.no_grad()
 def eval_exits(
     spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0, n_bytes=None, n_words=None
 ) -> list:
     "Per exit k=1..K: CE, perplexity, bits per byte, word perplexity and the number of scored targets of `tokens`."
-    spec = _guarded(spec, tokens, seq_len, device)
+    spec = guarded_spec(spec, tokens, seq_len, device)
     tot, n = np.zeros(spec.K), 0
-    for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
+    for x, y in token_windows(tokens, seq_len, batch_size, max_batches, device):
         hidden, ctx = run_loops(spec, x, spec.K)
         for k, h in enumerate(hidden, 1):
             tot[k - 1] += token_ce(spec, h, ctx, k, y, ce_chunk).double().sum().item()
@@ -113,14 +79,14 @@ def exit_throughput(model, tokens, batch_size=8, seq_len=64, repeats=5, max_batc
         model = (
             LoopedLM(LoopedLMConfig.from_experiment(model)).to(device).eval()
         )  # FLOPs and speed do not depend on the weights
-    spec, cfg = _guarded(model, tokens, seq_len, device), _looped_config(model)
-    bs = list(_batches(tokens, batch_size, seq_len, max_batches, device))
+    spec, cfg = guarded_spec(model, tokens, seq_len, device), _looped_config(model)
+    bs = list(token_windows(tokens, seq_len, batch_size, max_batches, device))
     sync = torch.cuda.synchronize if torch.device(device).type == 'cuda' else (lambda: None)
 
     def run(k):
         for x, _ in bs:
             hidden, ctx = run_loops(spec, x, k)
-            for _ in _pieces(spec, hidden[-1], ctx, k, 0):
+            for _ in readout_pieces(spec, hidden[-1], ctx, k, 0):
                 pass
         sync()
 
@@ -291,14 +257,12 @@ def radial_fractions(
     "Per loop: radial fraction of the readout's CE gradient and the objective's, in float64, beside the lemma's exact."
     if loss not in ('perloop', 'terminal'):
         raise ValueError(f"loss must be 'perloop' or 'terminal', got {loss!r}.")
-    from looped_lm.train import norm_penalty as penalty
-
-    spec = _guarded(model, tokens, seq_len, device, K)
+    spec = guarded_spec(model, tokens, seq_len, device, K)
     through_loops = checked_spec(spec, None).get('steps_carry_state') is not False  # else no objective through loops
     K, acc, n, dtypes = spec.K, np.zeros((spec.K, 3)), 0, set()
     lem = [dict(scale=[], rho=[], ratio=[], t=[]) for _ in range(K)]
     with torch.enable_grad(), float64_spec(spec):
-        for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
+        for x, y in token_windows(tokens, seq_len, batch_size, max_batches, device):
             hidden, ctx = run_loops(spec, x, K, grad=True)  # each H_k is the very tensor fed to step k+1
             dtypes.update(str(h.dtype).replace('torch.', '') for h in hidden)
             ces, outs = [], []
@@ -335,10 +299,10 @@ def _b_perp(prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def angular_updates(model, tokens, batch_size=8, seq_len=64, max_batches=4, device='cpu', K: int = None) -> list:
     "Per transition k-1 -> k: mean angle, s_{k-1} = ||H_{k-1}||, angle*s, ||b_perp|| and their ratio (float64)."
-    spec = _guarded(model, tokens, seq_len, device, K)
+    spec = guarded_spec(model, tokens, seq_len, device, K)
     rows = {k: [] for k in range(2, spec.K + 1)}
     with float64_spec(spec):
-        for x, _ in _batches(tokens, batch_size, seq_len, max_batches, device):
+        for x, _ in token_windows(tokens, seq_len, batch_size, max_batches, device):
             hid = [h.double() for h in run_loops(spec, x, spec.K)[0]]
             for k in rows:
                 a, b = hid[k - 2], hid[k - 1]
@@ -387,7 +351,7 @@ def clamp_modes(
     against no
     clamp. `plain`: `loop_scores` of the same windows, whose unclamped pass then gives the `none` rows without running
     it again."""
-    spec = _guarded(spec, tokens, seq_len, device)
+    spec = guarded_spec(spec, tokens, seq_len, device)
     if (why := clamp_refusal(spec)) and any(m != 'none' for m in modes):
         raise LoopSpecError(f"{spec.name} cannot be clamped: {why}")
     run = [m for m in modes if not (m == 'none' and plain is not None)]
@@ -396,7 +360,7 @@ def clamp_modes(
     if plain is not None and 'none' in modes:
         ce, _, l2, d = plain
         acc = {'none': np.stack([ce.sum((1, 2)), l2.sum((1, 2)), l2.sum((1, 2)) / math.sqrt(d)], 1), **acc}
-    for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
+    for x, y in token_windows(tokens, seq_len, batch_size, max_batches, device):
         for m in run:
             hidden, ctx = run_loops(spec, x, spec.K, clamp=m)
             for k, h in enumerate(hidden, 1):
@@ -433,9 +397,9 @@ def scale_sensitivity(
     spec, tokens, batch_size=8, seq_len=64, max_batches=4, device='cpu', ce_chunk=0, alphas=SCALE_ALPHAS
 ) -> list:
     "CE and perplexity of the final readout with H_K multiplied by alpha (flat for a scale-invariant readout)."
-    spec = _guarded(spec, tokens, seq_len, device)
+    spec = guarded_spec(spec, tokens, seq_len, device)
     tot, n = np.zeros(len(alphas)), 0
-    for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
+    for x, y in token_windows(tokens, seq_len, batch_size, max_batches, device):
         hidden, ctx = run_loops(spec, x, spec.K)
         for i, a in enumerate(alphas):
             tot[i] += token_ce(spec, a * hidden[-1], ctx, spec.K, y, ce_chunk).double().sum().item()
@@ -447,9 +411,9 @@ def scale_sensitivity(
 def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=5, device='cpu') -> list:
     """Lemma 2 beyond the training depth, per transition k -> k+1 of a `loops`-loop run: s_k, a_k, mean ||du|| and
     mean ||du||*s_k (float64)."""
-    spec = _guarded(spec, tokens, seq_len, device)
+    spec = guarded_spec(spec, tokens, seq_len, device)
     acc, nb = np.zeros((loops - 1, 4)), 0
-    for x, _ in _batches(tokens, batch_size, seq_len, max_batches, device):
+    for x, _ in token_windows(tokens, seq_len, batch_size, max_batches, device):
         hid = [h.double() for h in run_loops(spec, x, loops)[0]]
         rms = [h.pow(2).mean(-1, keepdim=True).sqrt() for h in hid]
         u = [h / r for h, r in zip(hid, rms)]
@@ -464,208 +428,6 @@ def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=
         nb += 1
         del hid, u
     return [dict(k=k, s=s, a=a, du=du, du_times_s=dus) for k, (s, a, du, dus) in enumerate((acc / nb).tolist(), 1)]
-
-# %% ../nbs/04_diagnostics.ipynb #404b2557
-POLICIES = ('max_prob', 'logit_margin', 'entropy')
-GRANULARITIES = ('sequence', 'token')
-
-
-def halting_scores(logits: torch.Tensor) -> dict:
-    """Per-token confidence of `logits` (..., V): max_prob = top-1 probability, logit_margin = top1 - top2,
-    entropy = 1 - H/ln V."""
-    z = logits.float()
-    lse, top = torch.logsumexp(z, -1), z.topk(2, dim=-1).values
-    p = torch.softmax(z, -1)
-    ent = lse - (p * z).sum(-1)
-    return dict(
-        max_prob=(top[..., 0] - lse).exp(),
-        logit_margin=top[..., 0] - top[..., 1],
-        entropy=1 - ent / math.log(z.shape[-1]),
-    )
-
-
-def halting_policy(policy: str, threshold: float, K: int, granularity: str = 'token'):
-    """An exit rule for `LoopedLM.generate(halting=...)`: (logits, k) -> bool mask, True where the score reaches
-    `threshold` (always at k >= K)."""
-    if policy not in POLICIES:
-        raise ValueError(f"Unknown halting policy {policy!r}; choose one of {', '.join(POLICIES)}.")
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}.")
-
-    def rule(logits, k):
-        s = halting_scores(logits)[policy]
-        if granularity == 'sequence' and s.dim() > 1:
-            s = s.mean(-1)
-        return torch.ones_like(s, dtype=torch.bool) if k >= K else s >= threshold
-
-    return rule
-
-# %% ../nbs/04_diagnostics.ipynb #31957452
-@torch.no_grad()
-def loop_scores(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0) -> tuple:
-    """One unclamped pass over the N windows of `tokens`: per-token CE (K, N, T), halting scores {policy: (K, N, T)},
-    per-token L2 norms ||H_k|| (K, N, T, float64) and the state's width d (halting, norms and the `none` clamp rows
-    all read it)."""
-    spec = _guarded(spec, tokens, seq_len, device)
-    ces, scs, nrm, d = [], {p: [] for p in POLICIES}, [], None
-    for x, y in _batches(tokens, batch_size, seq_len, max_batches, device):
-        hidden, ctx = run_loops(spec, x, spec.K)
-        per = [token_ce(spec, h, ctx, k, y, ce_chunk, scores=True) for k, h in enumerate(hidden, 1)]
-        ces.append(torch.stack([c for c, _ in per]).cpu())
-        for p in POLICIES:
-            scs[p].append(torch.stack([s[p] for _, s in per]).cpu())
-        nrm.append(torch.stack([torch.linalg.vector_norm(h.double(), dim=-1) for h in hidden]).cpu())
-        d = hidden[0].shape[-1]
-    return (
-        torch.cat(ces, 1).double().numpy(),
-        {p: torch.cat(v, 1).double().numpy() for p, v in scs.items()},
-        torch.cat(nrm, 1).numpy(),
-        d,
-    )
-
-
-def _items(ce, score, granularity):
-    "(CE sum, score, tokens) per item: a sequence (summed CE, mean score) or a token."
-    if granularity == 'sequence':
-        return ce.sum(-1), score.mean(-1), ce.shape[-1]
-    return ce.reshape(len(ce), -1), score.reshape(len(score), -1), 1
-
-# %% ../nbs/04_diagnostics.ipynb #acd5f430
-def exit_outcome(ce, score, threshold: float, granularity: str = 'sequence') -> dict:
-    """Each item exits at the first loop k < K whose score >= `threshold`, else at K: perplexity and average loops
-    (ce, score: (K, N, T))."""
-    c, s, t = _items(np.asarray(ce), np.asarray(score), granularity)
-    K = len(c)
-    hit = s[:-1] >= threshold
-    exit_k = np.where(hit.any(0), hit.argmax(0), K - 1) if K > 1 else np.zeros(c.shape[1], int)
-    tot = c[exit_k, np.arange(c.shape[1])].sum()
-    return dict(ppl=math.exp(tot / (c.shape[1] * t)), avg_loops=float(exit_k.mean() + 1))
-
-
-def calibrate_threshold(ce, score, granularity='sequence', target: float = 1.01, n_quantiles: int = 51) -> float:
-    """The threshold with the fewest average loops whose perplexity stays within `target` x the fixed-depth one
-    (+inf: never exit early)."""
-    _, s, _ = _items(np.asarray(ce), np.asarray(score), granularity)
-    cand = np.unique(np.quantile(s[:-1], np.linspace(0, 1, n_quantiles))) if len(s) > 1 else np.array([])
-    cand = [math.inf, *cand.tolist(), float(s[:-1].min() - 1e-6) if len(s) > 1 else math.inf]
-    fixed = exit_outcome(ce, score, math.inf, granularity)['ppl']
-    ok = [
-        (o['avg_loops'], o['ppl'], th)
-        for th in cand
-        if (o := exit_outcome(ce, score, th, granularity))['ppl'] <= target * fixed
-    ]
-    return min(ok)[2]
-
-# %% ../nbs/04_diagnostics.ipynb #2c6dd600
-def adaptive_halting(ce, scores: dict, target: float = 1.01, policies=POLICIES, granularities=GRANULARITIES) -> list:
-    "Table 8: per policy and granularity, a threshold calibrated on the first half of the windows, scored on the rest."
-    N = ce.shape[1]
-    if N < 2:
-        raise ValueError(f"Calibrated halting needs at least 2 windows (one to calibrate, one to score), got {N}.")
-    cal, ev = slice(0, N // 2), slice(N // 2, N)
-    res = []
-    for p in policies:
-        for g in granularities:
-            th = calibrate_threshold(ce[:, cal], scores[p][:, cal], g, target)
-            o, fixed = (
-                exit_outcome(ce[:, ev], scores[p][:, ev], th, g),
-                exit_outcome(ce[:, ev], scores[p][:, ev], math.inf, g),
-            )
-            res.append(
-                dict(
-                    policy=p,
-                    granularity=g,
-                    threshold=th,
-                    avg_loops=o['avg_loops'],
-                    ppl=o['ppl'],
-                    ppl_ratio=o['ppl'] / fixed['ppl'],
-                    fixed_ppl=fixed['ppl'],
-                    target=target,
-                    n_calibrate=N // 2,
-                    n_scored=N - N // 2,
-                )
-            )
-    return res
-
-# %% ../nbs/04_diagnostics.ipynb #0ce10502
-@torch.no_grad()
-def _dynamic_ce(spec, x, y, rule, ce_chunk=0):
-    "Loop by loop, dropping the sequences `rule` lets exit: (summed CE, summed exit loops) of the batch."
-    h, ctx = spec.init(x)
-    tot, loops = 0.0, 0
-    for k in range(1, spec.K + 1):
-        h = spec.step(h, ctx, k)
-        done, ce = [], []
-        for rows, lg in _pieces(
-            spec, h, ctx, k, ce_chunk
-        ):  # one readout a loop: the exit rule and the CE read the same logits
-            done.append(rule(lg, k) if k < spec.K else torch.ones(len(lg), dtype=torch.bool, device=lg.device))
-            ce.append(
-                F.cross_entropy(lg.float().flatten(0, -2), y[rows].flatten(), reduction='none')
-                .view(y[rows].shape)
-                .sum(-1)
-            )
-        done, ce = torch.cat(done), torch.cat(ce)
-        tot += ce[done].double().sum().item()
-        loops += k * int(done.sum())
-        keep = ~done
-        if not keep.any():
-            break
-        h, ctx, y = h[keep], slice_context(spec, ctx, keep, h), y[keep]
-    return tot, loops
-
-# %% ../nbs/04_diagnostics.ipynb #cc406767
-@torch.no_grad()
-def halting_speed(
-    spec,
-    tokens,
-    policy: str,
-    threshold: float,
-    batch_size=8,
-    seq_len=64,
-    max_batches=4,
-    device='cpu',
-    repeats: int = 3,
-    ce_chunk=0,
-) -> dict:
-    "Measured speed-up of sequence-level halting that really drops exited sequences, against fixed depth (no assert)."
-    spec = _guarded(spec, tokens, seq_len, device)
-    rule = halting_policy(policy, threshold, spec.K, 'sequence')
-    bs = list(_batches(tokens, batch_size, seq_len, max_batches, device))
-    sync = torch.cuda.synchronize if torch.device(device).type == 'cuda' else (lambda: None)
-
-    def fixed():
-        tot = 0.0
-        for x, y in bs:
-            hidden, ctx = run_loops(spec, x, spec.K)
-            tot += token_ce(spec, hidden[-1], ctx, spec.K, y, ce_chunk).double().sum().item()
-        return tot, spec.K * len(torch.cat([x for x, _ in bs]))
-
-    def dynamic():
-        r = [_dynamic_ce(spec, x, y, rule, ce_chunk) for x, y in bs]
-        return sum(a for a, _ in r), sum(b for _, b in r)
-
-    secs, out = {'fixed': [], 'dynamic': []}, {}
-    for _ in range(repeats + 1):  # the first round warms up and is not timed
-        for name, fn in (('fixed', fixed), ('dynamic', dynamic)):
-            sync()
-            t0 = time.perf_counter()
-            out[name] = fn()
-            sync()
-            secs[name].append(time.perf_counter() - t0)
-    n_seq, n_tok = sum(len(x) for x, _ in bs), sum(y.numel() for _, y in bs)
-    fs, ds = statistics.median(secs['fixed'][1:]), statistics.median(secs['dynamic'][1:])
-    return dict(
-        policy=policy,
-        threshold=threshold,
-        avg_loops=out['dynamic'][1] / n_seq,
-        fixed_ppl=math.exp(out['fixed'][0] / n_tok),
-        dynamic_ppl=math.exp(out['dynamic'][0] / n_tok),
-        fixed_s=fs,
-        dynamic_s=ds,
-        speedup=fs / ds,
-        tokens=n_tok,
-    )
 
 # %% ../nbs/04_diagnostics.ipynb #2a3faa0b
 def _fmt(v) -> str:
@@ -810,7 +572,7 @@ def diagnose(
     val, per = splits['validation'], batch_size * seq_len
     sub = min(max_batches or math.inf, -(-subset_tokens // per))  # norms, clamp modes, halting: the first ~40k tokens
     few = min(max_batches or math.inf, -(-few_tokens // per))  # float64 gradients, angles, scale, Lemma 2: ~8k
-    spec = _guarded(spec, val, seq_len, device)  # raises LoopSpecError on a broken spec
+    spec = guarded_spec(spec, val, seq_len, device)  # raises LoopSpecError on a broken spec
     check = {k: v for k, v in checked_spec(spec, None).items() if isinstance(v, (int, float, str, bool, type(None)))}
     plain = loop_scores(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw)  # halting, norms, clamp 'none'
     ce, scores, norms, _ = plain
@@ -881,8 +643,6 @@ def checkpoint_id(ckpt) -> str | None:
 def current_report(run_dir) -> DiagnosticReport | None:
     """The run's `diagnostics.json` if these diagnostics (`DIAG_VERSION`) wrote it for its newest checkpoint; else None
     (a damaged file: `RunDirError`)."""
-    from looped_lm.train import latest_checkpoint, read_json
-
     run_dir = Path(run_dir)
     rep = read_json(run_dir / 'diagnostics.json')
     key = dict(version=DIAG_VERSION, checkpoint=checkpoint_id(latest_checkpoint(run_dir)))
@@ -894,8 +654,6 @@ EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least th
 # %% ../nbs/04_diagnostics.ipynb #d5646914
 def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> DiagnosticReport:
     "Cached `diagnose` of a run's newest checkpoint (`diagnostics.json`, keyed by checkpoint, `DIAG_VERSION`, batches)."
-    from looped_lm.train import load_run, latest_checkpoint
-
     run_dir = Path(run_dir)
     ckpt = latest_checkpoint(run_dir)
     key = dict(version=DIAG_VERSION, checkpoint=checkpoint_id(ckpt), max_batches=max_batches)

@@ -18,16 +18,10 @@ from .files import write_atomic
 from .diagnostics import radial_scale_of
 from .lemmas import radial_fraction
 from .model import LoopedLMConfig, forward_flops_per_token
-from .train import read_metrics
-from looped_lm.ablation import (
-    VARIANTS,
-    check_variants,
-    check_seeds,
-    collect,
-    read_throughput,
-    endpoint,
-    endpoint_correlations,
-)
+from .rundir import read_metrics
+from .variants import VARIANTS, check_variants, check_seeds
+from .tables import endpoint, endpoint_correlations, read_throughput
+from .ablation import collect
 
 # %% auto #0
 __all__ = ['RERUN', 'STYLE', 'METADATA', 'POLICY_MARKERS', 'HALT_MIN_SAVED', 'CLAMP_STYLE', 'LEMMA2', 'FIGURES', 'ResultsError',

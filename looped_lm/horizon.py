@@ -13,16 +13,17 @@ from .config import ExperimentConfig, ConfigError, load_preset
 from .data import prepare_data
 from .files import write_atomic, dir_lock
 from .model import LoopedLM, LoopedLMConfig
-from looped_lm.train import (
-    train, TrainingError, RunDirError, run_status, latest_checkpoint, verify_checkpoint, lr_at, resolve_device
-)
+from .train import train, TrainingError, lr_at, resolve_device
+from .rundir import RunDirError, run_status, latest_checkpoint, verify_checkpoint
 from looped_lm.diagnostics import (
     loop_scores, norm_stats, radial_fractions, clamp_modes, adaptive_halting, checkpoint_id, matches_key, DIAG_VERSION
 )
 from .protocol import as_spec
+from .variants import VARIANTS, GROUPS, check_variants, check_seeds
+from .tables import to_markdown
+from .claims import HALT_POLICY, measures
 from looped_lm.ablation import (
-    VARIANTS, GROUPS, HALT_POLICY, check_variants, check_seeds, check_folder, check_spawn_guard, default_workers,
-    job_data, measures, repo_root, run_study_jobs, study_lock, to_markdown,
+    check_folder, check_spawn_guard, default_workers, job_data, repo_root, run_study_jobs, study_lock,
 )
 from .scaling import AT_RISK, PAPER_TOKENS, PAPER_DRIFT, add_c6, fit_growth, t_quantile, train_flops
 

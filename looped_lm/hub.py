@@ -5,10 +5,9 @@ attaches it to the class as `LoopedLM.from_run`."""
 
 # %% ../nbs/04a_hub.ipynb #8a5e31ec
 from __future__ import annotations
-import json
 from pathlib import Path
 from .model import LoopedLM
-from .train import RunDirError, load_run
+from .rundir import RunDirError, load_run, read_json
 from .diagnostics import current_report
 
 # %% auto #0
@@ -34,10 +33,7 @@ def final_loop_row(diag: dict) -> dict:
 # %% ../nbs/04a_hub.ipynb #469fa3ae
 def run_card(run_dir: Path, cfg) -> dict:
     "What the model card says about the run directory `run_dir` trained with preset `cfg`."
-    try:
-        data = json.loads((run_dir / 'data.json').read_text())
-    except (OSError, ValueError):
-        data = {}
+    data = read_json(run_dir / 'data.json', {}, damaged=lambda p, e: {})  # missing or damaged: not stated
     try:
         diag = current_report(run_dir) or {}  # a stale report (older checkpoint or diagnostics) says nothing
     except RunDirError:

@@ -14,7 +14,7 @@ import pandas as pd, submitit, torch
 from .config import ExperimentConfig, ConfigError, settings_path
 from .data import SPLITS, TokenData, prepare_data, resolve_cache_dir
 from .model import LoopedLMConfig, train_flops_per_token
-from .train import run_status, latest_checkpoint, RunDirError
+from .rundir import run_status, latest_checkpoint, RunDirError
 
 # %% auto #0
 __all__ = ['EXECUTORS', 'GPU_BENCH', 'check_jobs', 'job_name', 'data_key', 'cache_files', 'prepare_once', 'DataNotReady',

@@ -5,6 +5,7 @@ owns the loop: exits, clamps and depth beyond training all follow from one code 
 
 # %% ../nbs/03a_protocol.ipynb #8201a068
 from __future__ import annotations
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 import numpy as np
@@ -16,7 +17,7 @@ from .data import eval_batches
 # %% auto #0
 __all__ = ['CLAMPS', 'IGNORED_STATE', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'as_spec', 'clamp_state', 'clamp_refusal',
            'run_loops', 'context_layout', 'slice_context', 'token_windows', 'from_hooks', 'readout_norm_at',
-           'check_spec', 'checked_spec']
+           'check_spec', 'checked_spec', 'guarded_spec', 'readout_pieces', 'token_ce']
 
 # %% ../nbs/03a_protocol.ipynb #9a4b592c
 class LoopSpecError(ValueError):
@@ -633,3 +634,34 @@ def checked_spec(spec, tokens, targets=None) -> dict:
             memo['refused'] = str(e)
             raise
     return memo['verdict']
+
+# %% ../nbs/03a_protocol.ipynb #de587ae2
+def guarded_spec(obj, tokens, seq_len: int, device='cpu', K: int = None) -> LoopSpec:
+    "The spec of `obj` (run for `K` loops if given), checked once per spec object on the first window of `tokens`."
+    spec = as_spec(obj) if K is None else dataclasses.replace(as_spec(obj), K=K)
+    x, y = next(iter(token_windows(tokens, seq_len, 2, 1, device)))
+    checked_spec(spec, x, y)  # raises LoopSpecError, naming the cause, before any expensive work
+    return spec
+
+
+def readout_pieces(spec, h, ctx, k, chunk: int):
+    "(rows, logits) of the readout of `h` at loop `k`, `chunk` tokens at a time (whole sequences; 0: all at once)."
+    B, T = h.shape[:2]
+    per = B if chunk <= 0 else max(1, chunk // T)
+    for i in range(0, B, per):
+        rows = slice(i, min(B, i + per))
+        yield rows, spec.readout(h[rows], ctx if per >= B else slice_context(spec, ctx, rows, h), k)
+
+# %% ../nbs/03a_protocol.ipynb #2394be30
+def token_ce(spec, h, ctx, k, y, chunk: int = 0, scores=None):
+    """Per-token CE (B, T) of the loop-`k` readout of `h` against `y`; with `scores` (logits -> {name: per-token
+    score}, e.g. `halting.halting_scores`), also each token's scores: (ce, {name: (B, T)})."""
+    ce, sc = torch.empty(y.shape, dtype=torch.float32, device=y.device), {}
+    for rows, logits in readout_pieces(spec, h, ctx, k, chunk):
+        lg = logits.float()
+        ce[rows] = F.cross_entropy(lg.flatten(0, -2), y[rows].flatten(), reduction='none').view(y[rows].shape)
+        if scores is not None:
+            for p, s in scores(lg).items():
+                sc.setdefault(p, torch.empty_like(ce))[rows] = s
+        del logits, lg
+    return ce if scores is None else (ce, sc)

@@ -14,12 +14,14 @@ import numpy as np, pandas as pd
 from .config import ExperimentConfig, ConfigError, load_preset
 from .data import prepare_data, write_atomic
 from .model import LoopedLM, LoopedLMConfig, num_params, train_flops_per_token
-from .train import train, TrainingError, RunDirError, run_status, latest_checkpoint, load_run, resolve_device
+from .train import train, TrainingError, resolve_device
+from .rundir import RunDirError, run_status, latest_checkpoint, load_run
 from .diagnostics import eval_exits, token_norms, norm_stats, radial_fractions, checkpoint_id, matches_key
 from .diagnostics import DIAG_VERSION, radial_scale_of
 from .protocol import as_spec
-from .ablation import VARIANTS, check_variants, check_seeds, repo_root, to_markdown, check_folder, job_data
-from .ablation import run_study_jobs, study_lock
+from .variants import VARIANTS, check_variants, check_seeds
+from .tables import to_markdown
+from .ablation import repo_root, check_folder, job_data, run_study_jobs, study_lock
 
 # %% auto #0
 __all__ = ['AT_RISK', 'CONTROLS', 'RECIPES', 'AXES', 'GRIDS', 'REFERENCE', 'SCALING_VERSION', 'PAPER_TOKENS', 'PAPER_DRIFT',

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt, seaborn as sns
 from matplotlib.ticker import NullFormatter
-from .train import read_metrics
-from .ablation import check_variants
+from .rundir import read_metrics
+from .variants import check_variants
 from .figures import STYLE, palette, save, check_fig_dir
 from .scaling import AXES, PAPER_DRIFT, PAPER_TOKENS, Plan, Scaling, axis_rows, scaling_run_dir
 from .scaling import study_title

@@ -5,29 +5,27 @@ run directory that records everything the blind spot shows up in."""
 
 # %% ../nbs/03_train.ipynb #f226ccad
 from __future__ import annotations
-import argparse, errno, json, math, os, random, re, shutil, sys, time, warnings
-from contextlib import contextmanager, nullcontext, suppress
+import argparse, json, math, os, shutil, sys, time, warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-import numpy as np, torch, torch.nn as nn
+import torch, torch.nn as nn
 import torch.distributed as dist
-from safetensors import SafetensorError
-from safetensors.torch import save_model, load_model
 from .config import ExperimentConfig, ConfigError, load_preset, list_presets, parse_values
 from .model import LoopedLM, LoopedLMConfig, train_flops_per_token
 from .lemmas import radial_fraction
-from .files import LOCK_NAME, LockedError, WriteError, write_atomic, dir_lock, sweep_stale_tmp, file_sha256
+from .files import LockedError, WriteError, write_atomic, sweep_stale_tmp
 from .data import DataNotFoundError, prepare_data, get_batch, eval_batches, TokenData, window_batch
+from looped_lm.rundir import (
+    RunDirError, set_status, run_status, expected_records, _parse_metrics, read_metrics, _missing, append_metrics,
+    data_record, save_checkpoint, latest_checkpoint, load_checkpoint, run_lock, _check_identity, _check_data,
+)
 
 # %% auto #0
-__all__ = ['CKPT_FILES', 'CKPT_FORMAT', 'RUN_FILES', 'norm_penalty', 'objective', 'param_groups', 'make_optimizer', 'lr_at',
-           'train_batch', 'TrainingError', 'RunDirError', 'resolve_device', 'autocast', 'world', 'init_distributed',
-           'read_json', 'set_status', 'run_status', 'expected_records', 'read_metrics', 'append_metrics', 'fsync',
-           'DamagedCheckpointError', 'record_hashes', 'verify_checkpoint', 'data_record', 'CheckpointWriteError',
-           'save_checkpoint', 'latest_checkpoint', 'config_diff', 'load_checkpoint', 'restore_config',
-           'hidden_norm_summary', 'overflow_margin', 'evaluate', 'train', 'RunResult', 'run_lock', 'open_run',
-           'Progress', 'Guard', 'Run', 'check_resume', 'start_run', 'train_step', 'check_finite', 'log_step',
-           'checkpoint_step', 'finish', 'parse_sets', 'train_cli', 'load_run']
+__all__ = ['norm_penalty', 'objective', 'param_groups', 'make_optimizer', 'lr_at', 'train_batch', 'TrainingError',
+           'resolve_device', 'autocast', 'world', 'init_distributed', 'hidden_norm_summary', 'overflow_margin',
+           'evaluate', 'train', 'RunResult', 'open_run', 'Progress', 'Guard', 'Run', 'check_resume', 'start_run',
+           'train_step', 'check_finite', 'log_step', 'checkpoint_step', 'finish', 'parse_sets', 'train_cli']
 
 # %% ../nbs/03_train.ipynb #5cb2a61f
 def norm_penalty(hidden: list) -> torch.Tensor:
@@ -86,10 +84,6 @@ class TrainingError(RuntimeError):
     "A run that diverged: the guard stopped it, kept the last finite checkpoint and marked the run `failed`."
 
 
-class RunDirError(RuntimeError):
-    "A run directory that cannot be used: not writable, written with another config or other token data, or damaged."
-
-
 def resolve_device(cfg: ExperimentConfig) -> torch.device:
     "The device of a run; `device='cuda'` without a GPU is refused, bf16 and compile on the CPU only warned about."
     has_cuda = torch.cuda.is_available()
@@ -128,329 +122,6 @@ def init_distributed():
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
     return world()
-
-# %% ../nbs/03_train.ipynb #4cffa9af
-def read_json(path: Path, default=None):
-    "The JSON value in `path` (`default` if there is no such file); a damaged file is a `RunDirError` naming it."
-    path = Path(path)
-    if not path.exists():
-        return default
-    try:
-        return json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RunDirError(
-            f"{path} is damaged ({type(e).__name__}: {e}). It is not written by the trainer in this state; "
-            f"delete {path.parent} to start that run over."
-        ) from None
-
-
-def set_status(run_dir, state: str, step: int, message: str = ''):
-    "Record the run's state (`running`, `done` or `failed`), its step and a failure's message in `status.json`."
-    write_atomic(Path(run_dir) / 'status.json', json.dumps(dict(state=state, step=step, message=message), indent=1))
-
-
-def run_status(run_dir) -> dict:
-    "The run's status record ({} when it never started)."
-    return read_json(Path(run_dir) / 'status.json', {})
-
-
-def expected_records(cfg: ExperimentConfig, step: int) -> list:
-    "(kind, step) of every metrics record a run of `cfg` has written once it completed `step` steps."
-    recs = [('train', s) for s in range(1, step + 1) if s % cfg.log_every == 0 or s == cfg.steps]
-    return recs + [('eval', cfg.steps)] if step == cfg.steps else recs
-
-# %% ../nbs/03_train.ipynb #273d0130
-def _parse_metrics(p: Path, torn_ok: bool) -> list:
-    lines, recs = p.read_text().splitlines(), []
-    for i, l in enumerate(lines):
-        try:
-            r = json.loads(l)
-            r['kind'], r['step']
-        except (ValueError, TypeError, KeyError):
-            if torn_ok and i == len(lines) - 1:
-                break  # an append cut short by a kill: the resumed run writes it again
-            raise RunDirError(
-                f"{p}, line {i + 1}, is not a metrics record: the file is damaged. "
-                f"Delete {p.parent} to train that run again (the same seed gives the same run)."
-            ) from None
-        recs.append(r)
-    return recs
-
-
-def read_metrics(run_dir, kind: str = None) -> list:
-    "The records of `metrics.jsonl`, optionally of one `kind` ('train' or 'eval'); of a finished run, checked complete."
-    p = Path(run_dir) / 'metrics.jsonl'
-    if not p.exists():
-        return []
-    done = run_status(run_dir).get('state') == 'done'
-    recs = _parse_metrics(p, torn_ok=True)  # of a finished run, a torn last line shows as a missing record
-    if done and (c := read_json(Path(run_dir) / 'config.json')) is not None:
-        cfg = ExperimentConfig(**c)
-        if (have := [(r['kind'], r['step']) for r in recs]) != (want := expected_records(cfg, cfg.steps)):
-            raise RunDirError(
-                f"{p} is incomplete: the finished run wrote {len(want)} records, the file holds {len(have)} "
-                f"({_missing(have, want)}); it was truncated or edited. Delete {p.parent} and train it again "
-                "(the same seed gives the same run)."
-            )
-    return [r for r in recs if kind is None or r['kind'] == kind]
-
-# %% ../nbs/03_train.ipynb #1fc43f52
-def _missing(have, want) -> str:
-    gone, extra = [s for s in want if s not in have], [s for s in have if s not in want or have.count(s) > 1]
-    return (
-        '; '.join(
-            x
-            for x in (
-                f"missing {gone[:6]}{' ...' if len(gone) > 6 else ''}" if gone else '',
-                f"unexpected or repeated {extra[:6]}" if extra else '',
-            )
-            if x
-        )
-        or 'out of order'
-    )
-
-
-def append_metrics(run_dir, rec: dict):
-    "Append one record to `metrics.jsonl` (made durable with the next checkpoint, see `fsync`)."
-    with open(Path(run_dir) / 'metrics.jsonl', 'a') as f:
-        f.write(json.dumps(rec) + '\n')
-
-
-def fsync(*paths):
-    "Flush files or folders to the disk, so that what names them next (a rename, `latest`) survives a reboot."
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-# %% ../nbs/03_train.ipynb #a5fd69cf
-CKPT_FILES = ('model.safetensors', 'state.pt')  # a checkpoint's files; its `hashes.json` records their SHA-256
-CKPT_FORMAT = 2  # state.pt's `format`: 2, the checkpoint has a hashes.json; none: written before hashes were
-
-
-class DamagedCheckpointError(RunDirError):
-    "A checkpoint file whose content is not what the trainer wrote: its SHA-256 differs from its `hashes.json`."
-
-
-def _read_state(ckpt_dir: Path) -> dict:
-    "The trainer state in `ckpt_dir/state.pt`; an unreadable one is a `RunDirError` naming it."
-    try:
-        state = torch.load(ckpt_dir / 'state.pt', map_location='cpu', weights_only=False)
-        if not isinstance(state, dict) or 'step' not in state:
-            raise ValueError('state.pt holds no trainer state')
-        return state
-    except Exception as e:
-        raise RunDirError(
-            f"Checkpoint {ckpt_dir} is corrupted: its state.pt cannot be read ({type(e).__name__}: {e}). "
-            f"Delete {ckpt_dir.parent} to train that run again from the start."
-        ) from e
-
-
-def record_hashes(ckpt_dir) -> dict:
-    "Write `ckpt_dir/hashes.json`: the SHA-256 of each of the checkpoint's files (`CKPT_FILES`); returns it."
-    hashes = {n: file_sha256(Path(ckpt_dir) / n) for n in CKPT_FILES}
-    write_atomic(Path(ckpt_dir) / 'hashes.json', json.dumps(hashes, indent=1))
-    return hashes
-
-
-def _damaged(ckpt_dir: Path, what: str) -> DamagedCheckpointError:
-    return DamagedCheckpointError(
-        f"{ckpt_dir} is a damaged checkpoint: {what}, so it is not what the trainer wrote (changed, swapped or "
-        f"damaged since). Delete the run folder {ckpt_dir.parent} and run the same command again: the run is "
-        "trained again from step 0 (the same seed gives the same run)."
-    )
-
-# %% ../nbs/03_train.ipynb #h3a1b2c2
-def verify_checkpoint(ckpt_dir) -> dict:
-    "Check each file of `ckpt_dir` against its `hashes.json` (`DamagedCheckpointError`); returns the hashes."
-    ckpt_dir, p = Path(ckpt_dir), Path(ckpt_dir) / 'hashes.json'
-    if not p.exists():
-        return _first_hashes(ckpt_dir)
-    try:
-        want = json.loads(p.read_text())
-        want = {n: str(want[n]) for n in CKPT_FILES}
-    except (ValueError, UnicodeDecodeError, KeyError, TypeError):
-        raise _damaged(ckpt_dir, f"its {p.name} is unreadable") from None
-    for n, sha in want.items():
-        got = file_sha256(ckpt_dir / n) if (ckpt_dir / n).is_file() else 'missing'
-        if got != sha:
-            raise _damaged(ckpt_dir, f"{ckpt_dir / n} has SHA-256 {got[:16]}…, not the {sha[:16]}… in {p.name}")
-    return want
-
-
-def _first_hashes(ckpt_dir: Path) -> dict:
-    "A checkpoint written before hashes were (no `format` in its state): accepted, its hashes recorded now."
-    if _read_state(ckpt_dir).get('format', 1) >= CKPT_FORMAT:
-        raise _damaged(ckpt_dir, f"its {ckpt_dir / 'hashes.json'} is missing")
-    try:
-        hashes, how = record_hashes(ckpt_dir), 'recorded now, and checked from now on'
-    except OSError:
-        hashes, how = {}, 'not recorded: the folder cannot be written'
-    warnings.warn(
-        f"Checkpoint {ckpt_dir} was written before checkpoints recorded the SHA-256 of their files: it is "
-        f"loaded unchecked; its hashes are {how}."
-    )
-    return hashes
-
-# %% ../nbs/03_train.ipynb #afcb6b82
-def _rng_state(gen: torch.Generator) -> dict:
-    "The state of every RNG the next step reads: torch, the data generator `gen`, Python, NumPy (and CUDA)."
-    s = dict(torch=torch.get_rng_state(), data=gen.get_state(), python=random.getstate(), numpy=np.random.get_state())
-    if torch.cuda.is_available():
-        s['cuda'] = torch.cuda.get_rng_state_all()
-    return s
-
-
-def _set_rng_state(s: dict, gen: torch.Generator):
-    "Restore the RNG states `s` recorded by `_rng_state` (the data generator into `gen`)."
-    torch.set_rng_state(s['torch'])
-    gen.set_state(s['data'])
-    random.setstate(s['python'])
-    np.random.set_state(s['numpy'])
-    if 'cuda' in s and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s['cuda'])
-
-
-def data_record(data: TokenData) -> dict:
-    "What a run records about its token data: corpus, fingerprint (tokenizer + token files) and vocabulary size."
-    return dict(corpus=data.corpus, fingerprint=data.fingerprint, vocab_size=data.vocab_size)
-
-
-class CheckpointWriteError(RunDirError, OSError):
-    "A checkpoint that could not be written (disk full, quota, I/O error); the previous one is kept."
-
-
-def _os_errno(e: Exception):
-    "The errno of `e`: its own, or the `(os error N)` in the message of a safetensors error."
-    m = re.search(r'\(os error (\d+)\)', str(e))
-    return getattr(e, 'errno', None) or (int(m[1]) if m else None)
-
-# %% ../nbs/03_train.ipynb #b26ba0b1
-def _write_checkpoint_files(tmp: Path, model, state: dict):
-    "Write the weights, the trainer state and their `hashes.json` into `tmp`, durably (else `CheckpointWriteError`)."
-    f = tmp / 'model.safetensors'
-    try:
-        save_model(model, str(f))
-        f = tmp / 'state.pt'
-        torch.save(state, f)
-        f = tmp / 'hashes.json'
-        record_hashes(tmp)
-        fsync(tmp / 'model.safetensors', tmp / 'state.pt', tmp)
-    except (OSError, RuntimeError, SafetensorError) as e:  # torch.save's zip writer raises a RuntimeError
-        full = _os_errno(e) in (errno.ENOSPC, errno.EDQUOT) or 'unexpected pos' in str(e)
-        what = 'the disk is full' if full else f"{type(e).__name__}: {str(e)[:200]}"
-        raise CheckpointWriteError(
-            f"Could not write the checkpoint file {f}: {what}. The previous checkpoint is kept "
-            f"and the partial one removed; {'free space on ' + str(tmp.parent) + ' and ' if full else 'fix that and '}"
-            "run the same command again: the run resumes from its last checkpoint."
-        ) from e
-
-# %% ../nbs/03_train.ipynb #105ce72b
-def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, data: dict):
-    "Write `ckpt-<step>/` completely and durably, point `latest` at it, drop older ones. `data`: the `data_record`."
-    run_dir = Path(run_dir)
-    d = run_dir / f'ckpt-{step:06d}'
-    tmp = run_dir / f'.{d.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp'
-    tmp.mkdir()
-    try:
-        _write_checkpoint_files(
-            tmp,
-            model,
-            dict(
-                format=CKPT_FORMAT,
-                step=step,
-                optimizer=opt.state_dict(),
-                rng=_rng_state(gen),
-                vocab_size=data['vocab_size'],
-                data=data,
-                config=read_json(run_dir / 'config.json'),
-            ),
-        )
-        shutil.rmtree(d, ignore_errors=True)
-        os.replace(tmp, d)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if (run_dir / 'metrics.jsonl').exists():
-        fsync(run_dir / 'metrics.jsonl')
-    fsync(run_dir)  # the checkpoint's name and the metrics before `latest` points at them
-    write_atomic(run_dir / 'latest', d.name)
-    for old in [*run_dir.glob('ckpt-*'), *run_dir.glob('.ckpt-*.tmp')]:  # under the run's lock: no other writer
-        if old.name != d.name:
-            shutil.rmtree(old, ignore_errors=True)
-
-# %% ../nbs/03_train.ipynb #174f1e34
-def latest_checkpoint(run_dir):
-    "The newest checkpoint folder, or None when none was written; a `latest` naming no complete one: `RunDirError`."
-    p = Path(run_dir) / 'latest'
-    if not p.exists():
-        return None
-    name = p.read_text().strip()
-    d = Path(run_dir) / name
-    if name.startswith('ckpt-') and (d / 'model.safetensors').is_file() and (d / 'state.pt').is_file():
-        return d
-    raise RunDirError(
-        f"{p} names the checkpoint {name!r}, which is missing or incomplete (the trainer never leaves it so: "
-        f"it was deleted or damaged). Delete {Path(run_dir)} to train that run again from the start."
-    )
-
-
-def config_diff(old: dict, cfg: ExperimentConfig) -> list:
-    "The keys in which a recorded config `old` differs from `cfg`."
-    new = cfg.to_dict()
-    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-
-
-def _data_mismatch(old: dict, data: TokenData) -> str:
-    "'' when `data` is the token data recorded in `old`, else what differs."
-    new = data_record(data)
-    diff = [k for k in ('corpus', 'fingerprint', 'vocab_size') if k in old and old[k] != new[k]]
-    return ', '.join(f"{k} {old[k]!r} then, {new[k]!r} now" for k in diff)
-
-# %% ../nbs/03_train.ipynb #8b6c7beb
-def load_checkpoint(ckpt_dir, model, opt=None, gen=None, cfg: ExperimentConfig = None, data: TokenData = None) -> int:
-    "Restore weights (and optimizer and RNG states when given) from `ckpt_dir`, its hashes checked; returns the step."
-    ckpt_dir = Path(ckpt_dir)
-    fix = f"Delete {ckpt_dir.parent} to train that run again from the start."
-    verify_checkpoint(ckpt_dir)
-    state = _read_state(ckpt_dir)
-    if cfg is not None and state.get('config') not in (None, cfg.to_dict()):
-        raise RunDirError(
-            f"Checkpoint {ckpt_dir} was written with another config "
-            f"(differs in {config_diff(state['config'], cfg)}). {fix}"
-        )
-    if data is not None and (
-        why := _data_mismatch(state.get('data') or {k: state[k] for k in ('vocab_size',) if k in state}, data)
-    ):
-        raise RunDirError(
-            f"Checkpoint {ckpt_dir} was trained on other token data ({why}): the tokenizer or the token "
-            f"caches changed since. Train on the data it was trained on, or: {fix}"
-        )
-    try:
-        load_model(model, str(ckpt_dir / 'model.safetensors'), device=str(next(model.parameters()).device))
-        if opt is not None:
-            opt.load_state_dict(state['optimizer'])
-        if gen is not None:
-            _set_rng_state(state['rng'], gen)
-    except Exception as e:
-        why = f"{type(e).__name__}: {str(e)[:300]}"
-        raise RunDirError(f"Checkpoint {ckpt_dir} is corrupted or does not fit this model ({why}). {fix}") from e
-    return state['step']
-
-# %% ../nbs/03_train.ipynb #7e0a02aa
-def restore_config(run_dir) -> dict:
-    "Write back a lost `config.json` from the config the newest checkpoint recorded (its hashes checked); returns it."
-    run_dir = Path(run_dir)
-    if (ckpt := latest_checkpoint(run_dir)) is not None:
-        verify_checkpoint(ckpt)
-    if ckpt is None or not (c := _read_state(ckpt).get('config')):
-        raise RunDirError(
-            f"{run_dir} has no checkpoint that records its config: it cannot be restored. "
-            f"Delete {run_dir} to train it again."
-        )
-    write_atomic(run_dir / 'config.json', json.dumps(c, indent=1))
-    return c
 
 # %% ../nbs/03_train.ipynb #484c157a
 def hidden_norm_summary(h: torch.Tensor) -> dict:
@@ -509,7 +180,8 @@ def train(
         if (result := open_run(cfg, run_dir, data, rank)) is not None:
             return result
         data = data or prepare_data(cfg, data_dir=data_dir, cache_dir=cache_dir, verbose=rank == 0)
-        _check_data(run_dir, cfg, data)
+        _check_fits(cfg, data)
+        _check_data(run_dir, data)
         run = start_run(cfg, run_dir, data, device, rank, world_size, max_steps, progress, label)
         while run.step < run.last:
             obj, out, gnorm = train_step(run)
@@ -531,64 +203,7 @@ class RunResult:
     final: dict  # the last train record
     eval: dict  # the last eval record
 
-
-RUN_FILES = ('status.json', 'metrics.jsonl', 'data.json', 'latest')  # with `ckpt-*`: what a started run leaves
-
-
-def _check_writable(run_dir: Path):
-    "Create `run_dir` if needed and write a probe file there; a folder that cannot be written is a `RunDirError`."
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f'.write-probe.{os.getpid()}'
-        probe.write_text('ok')
-        probe.unlink()
-    except OSError as e:
-        raise RunDirError(
-            f"Cannot write to the run directory {run_dir} ({e.strerror or e}). "
-            "Choose a writable out_dir / run directory."
-        ) from None
-
-# %% ../nbs/03_train.ipynb #d1fdc65c
-def _no_config(run_dir: Path) -> str:
-    "'' when `run_dir` holds no run, else why a run there without `config.json` cannot be used, and the fixes."
-    left = (
-        sorted(p.name for p in run_dir.iterdir() if p.name in RUN_FILES or p.name.startswith('ckpt-'))
-        if run_dir.is_dir()
-        else []
-    )
-    if not left:
-        return ''
-    return (
-        f"{run_dir} holds a run ({', '.join(left[:4])}) but its config.json is missing, so whether it was trained with "
-        f"this preset cannot be checked. Delete {run_dir} to train it again, or write the config back from its newest "
-        f"checkpoint with `looped_lm.train.restore_config('{run_dir}')` and run the same command again."
-    )
-
-
-def _config_of(run_dir: Path) -> ExperimentConfig | None:
-    "The config a run directory records (None for a folder holding no run); a run without a valid one: `RunDirError`."
-    c = read_json(run_dir / 'config.json')
-    if c is None:
-        if why := _no_config(run_dir):
-            raise RunDirError(why)
-        return None
-    try:
-        return ExperimentConfig(**c)
-    except (TypeError, ConfigError) as e:
-        raise RunDirError(
-            f"{run_dir / 'config.json'} does not hold a valid config ({e}); delete {run_dir} and train it again."
-        ) from None
-
 # %% ../nbs/03_train.ipynb #09373d51
-def _check_identity(run_dir: Path, cfg: ExperimentConfig):
-    old = _config_of(run_dir)
-    if old is not None and old.to_dict() != cfg.to_dict():
-        raise RunDirError(
-            f"{run_dir} holds a run with another config (differs in {config_diff(old.to_dict(), cfg)}). "
-            f"Use a new run directory, or delete {run_dir} to retrain with the new config."
-        )
-
-
 def _check_fits(cfg: ExperimentConfig, data: TokenData):
     "Refuse token data that cannot fit the preset."
     if data.corpus and data.corpus != cfg.corpus:
@@ -610,38 +225,10 @@ def _check_fits(cfg: ExperimentConfig, data: TokenData):
             )
 
 # %% ../nbs/03_train.ipynb #2e1d74de
-def _check_data(run_dir: Path, cfg: ExperimentConfig, data: TokenData):
-    "Refuse token data that cannot fit the preset, or that differs from what the run in `run_dir` was trained on."
-    _check_fits(cfg, data)
-    old = read_json(run_dir / 'data.json')
-    if old is not None and (why := _data_mismatch(old, data)):
-        raise RunDirError(
-            f"{run_dir} was trained on other token data ({why}): the tokenizer or the token caches changed since. "
-            f"Pass the data it was trained on, or delete {run_dir} to retrain on the new data."
-        )
-
-
 def _result(run_dir):
     st = run_status(run_dir)
     tr, ev = read_metrics(run_dir, 'train'), read_metrics(run_dir, 'eval')
     return RunResult(Path(run_dir), st.get('state'), st.get('step', 0), tr[-1] if tr else {}, ev[-1] if ev else {})
-
-
-@contextmanager
-def run_lock(run_dir: Path, rank: int):
-    "Rank 0 (the run's one writer): create `run_dir`, hold its lock for the block; remove what it made if left empty."
-    if rank != 0:
-        yield
-        return
-    new = next((p for p in [*reversed(run_dir.parents), run_dir] if not p.exists()), None)  # the top folder it creates
-    _check_writable(run_dir)
-    try:
-        with dir_lock(run_dir, 'run'):
-            yield
-    finally:
-        with suppress(OSError):  # new folders holding only the lock (the data was missing, say) are no run
-            if new is not None and [p for p in new.rglob('*') if not p.is_dir()] == [run_dir / LOCK_NAME]:
-                shutil.rmtree(new)
 
 # %% ../nbs/03_train.ipynb #cf8a2ee1
 def open_run(cfg: ExperimentConfig, run_dir: Path, data: TokenData | None, rank: int) -> RunResult | None:
@@ -655,7 +242,8 @@ def open_run(cfg: ExperimentConfig, run_dir: Path, data: TokenData | None, rank:
         )  # the same verdict
     if st.get('state') == 'done':
         if data is not None:
-            _check_data(run_dir, cfg, data)
+            _check_fits(cfg, data)
+            _check_data(run_dir, data)
         return _result(run_dir)
 
 # %% ../nbs/03_train.ipynb #9212eefe
@@ -1023,17 +611,3 @@ def train_cli(argv: list = None):
         sys.exit(f"looped-lm-train: {type(e).__name__}: {' '.join(str(e).split())}")  # one line, no traceback
     if world()[0] == 0:
         print(f"{r.run_dir}: {r.status} at step {r.steps}")
-
-# %% ../nbs/03_train.ipynb #bdc86163
-def load_run(run_dir, device='cpu') -> tuple:
-    "(cfg, model) of a run directory, with the weights of its newest checkpoint, in eval mode."
-    run_dir = Path(run_dir)
-    cfg = _config_of(run_dir)
-    if cfg is None:
-        raise RunDirError(f"{run_dir} is not a run directory (no config.json, no checkpoint); train into it first.")
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise RunDirError(f"{run_dir} has no complete checkpoint; rerun `train` on it to finish the run.")
-    model = LoopedLM(LoopedLMConfig.from_experiment(cfg)).to(device)
-    load_checkpoint(ckpt, model, cfg=cfg)
-    return cfg, model.eval()

@@ -10,7 +10,8 @@ from looped_lm.config import ConfigError, load_preset, settings_path
 import looped_lm.data as D
 from looped_lm.data import DataNotFoundError, prepare_data, tokenizer_path
 from looped_lm.model import LoopedLM, LoopedLMConfig
-from looped_lm.train import train, load_run, load_checkpoint, latest_checkpoint, run_status, RunDirError
+from looped_lm.train import train
+from looped_lm.rundir import load_run, load_checkpoint, latest_checkpoint, run_status, RunDirError
 from conftest import REPO
 
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest, torch
 from looped_lm.config import load_preset
 from looped_lm.diagnostics import diagnose_run
-from looped_lm.train import (
+from looped_lm.train import train
+from looped_lm.rundir import (
     DamagedCheckpointError,
     RunDirError,
     latest_checkpoint,
     load_run,
     run_status,
-    train,
     verify_checkpoint,
 )
 

@@ -11,21 +11,18 @@ All on synthetic records built by the ablation's `synthetic_study`: no training.
 import json
 import shutil
 import pytest
-from looped_lm.ablation import (
+from looped_lm.variants import GROUPS
+from looped_lm.tables import read_run_records, run_record, table1, write_tables
+from looped_lm.claims import (
     CLAIMS,
-    GROUPS,
     MARGINS,
     claims,
     claims_markdown,
     measures,
-    read_run_records,
     rebuild,
-    run_record,
     synthetic_study,
-    table1,
     unaligned_cos,
     write_claims,
-    write_tables,
 )
 from looped_lm.diagnostics import HEAVY_TAIL_HILL, radial_scale_of
 

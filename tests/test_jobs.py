@@ -18,9 +18,11 @@ from unittest import mock
 import pytest
 import looped_lm.jobs as J
 import looped_lm.ablation as A
-from looped_lm.ablation import VARIANTS, GROUPS, run_dir_of, _run_one, run_ablation, study_key
+from looped_lm.variants import VARIANTS, GROUPS
+from looped_lm.ablation import run_dir_of, _run_one, run_ablation, study_key
 from looped_lm.config import ConfigError, load_preset
-from looped_lm.train import train, run_status, latest_checkpoint
+from looped_lm.train import train
+from looped_lm.rundir import run_status, latest_checkpoint
 from _util import assert_same_run
 
 SMOKE = load_preset('smoke')

@@ -14,12 +14,16 @@ SKIP = ('_modidx',)  # nbdev's generated index: no imports of the package
 # lowest first; a module may import its own layer and the layers before it (modules listed here may not exist yet)
 LAYERS = [
     ['config', 'lemmas'],
+    ['variants'],  # the ablation's variants (04b): named sets of config options; the seeds/variants parameters
     ['model'],
     ['data', 'files'],
     ['rundir'],
     ['train'],
     ['protocol'],
+    ['halting'],  # calibrated adaptive halting (04c), below the diagnostics that report it
     ['diagnostics'],
+    ['tables'],  # a study's tables and per-run records (05b), read from diagnostics reports
+    ['claims'],  # the pre-registered claims (05c), over the same records
     ['hub'],
     ['jobs'],  # one job per run (submitit), below the studies that submit them
     ['ablation', 'scaling', 'horizon'],  # studies

@@ -18,15 +18,13 @@ from looped_lm.diagnostics import (
     clamp_modes,
     diagnose,
     eval_exits,
-    exit_outcome,
     exit_throughput,
-    halting_speed,
     lemma2,
-    loop_scores,
     radial_fractions,
     scale_sensitivity,
     token_norms,
 )
+from looped_lm.halting import exit_outcome, halting_speed, loop_scores
 
 V, D, HEADS, K, T, B = 61, 16, 2, 4, 12, 4
 

@@ -9,9 +9,10 @@ the same preset and seed are identical; another seed is not.
 import os, signal, subprocess, time, warnings
 from pathlib import Path
 import pytest
-import looped_lm.train as T
+import looped_lm.rundir as T
 from looped_lm.config import load_preset
-from looped_lm.train import train, read_metrics, run_status, latest_checkpoint
+from looped_lm.train import train
+from looped_lm.rundir import read_metrics, run_status, latest_checkpoint
 from _util import train_cmd, train_subprocess, records, assert_same_run
 
 OV = dict(ckpt_every=10)  # smoke: 96 steps, a train record every 5 steps, a checkpoint every 10

@@ -10,18 +10,11 @@ metrics were accepted; a run without its config was reported `done`; a full disk
 import json, os, shutil, subprocess, sys, time
 import pytest, torch
 from safetensors import SafetensorError
-import looped_lm.train as T
+import looped_lm.rundir as T
 from looped_lm.files import dir_lock
 from looped_lm.config import load_preset
-from looped_lm.train import (
-    train,
-    load_run,
-    read_metrics,
-    latest_checkpoint,
-    expected_records,
-    restore_config,
-    RunDirError,
-)
+from looped_lm.train import train
+from looped_lm.rundir import load_run, read_metrics, latest_checkpoint, expected_records, restore_config, RunDirError
 from _util import assert_same_run
 
 OV = dict(ckpt_every=10)  # smoke: 96 steps, a train record every 5 steps, a checkpoint every 10

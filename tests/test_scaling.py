@@ -8,7 +8,8 @@ import json, math
 import numpy as np, pandas as pd
 import pytest
 from looped_lm.config import ConfigError, load_preset
-from looped_lm.train import train, run_status, latest_checkpoint
+from looped_lm.train import train
+from looped_lm.rundir import run_status, latest_checkpoint
 from looped_lm.scaling import (
     AT_RISK,
     PAPER_TOKENS,

@@ -12,13 +12,10 @@ import os, signal, subprocess, sys, time
 import pytest
 from looped_lm.config import ConfigError
 from looped_lm.data import LockedError, dir_lock
+from looped_lm.variants import GROUPS, VARIANTS, check_seeds, check_variants
 from looped_lm.ablation import (
-    GROUPS,
-    VARIANTS,
     check_params,
-    check_seeds,
     check_spawn_guard,
-    check_variants,
     run_ablation,
     run_dir_of,
     run_study_jobs,
