@@ -5,11 +5,12 @@ Imported by `run_cpu.py` and `gpu_check.py` (run them as scripts from the reposi
 then on `sys.path`)."""
 
 from __future__ import annotations
-import json, math, os, platform, resource, statistics, subprocess, sys, time
+import json, math, os, platform, resource, time
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
 from looped_lm.config import ExperimentConfig, load_preset
-from looped_lm.model import LoopedLM, LoopedLMConfig, forward_flops_per_token, train_flops_per_token, num_params
+from looped_lm.model import LoopedLMConfig, forward_flops_per_token
+from looped_lm.model import LoopedLM, train_flops_per_token, num_params  # noqa: F401 (for run_cpu, gpu_check)
 from looped_lm.train import objective, make_optimizer, autocast
 
 HERE = Path(__file__).resolve().parent
@@ -117,6 +118,24 @@ def gpt_flops_per_token(c: LoopedLMConfig, n_layers: int, seq_len: int) -> float
 def bench_config(preset: str, **overrides) -> ExperimentConfig:
     "A preset for benchmarking: the preset's architecture, with `overrides` (seq_len, batch_size, loss, ...)."
     return load_preset(preset, **overrides)
+
+
+def cpu_config(preset: str, **overrides) -> ExperimentConfig:
+    "`bench_config` as the CPU benchmarks run it: on the CPU, in float32, eager (no torch.compile), with `overrides`."
+    return bench_config(preset, device='cpu', dtype='float32', compile=False, **overrides)
+
+
+def shape_record(preset: str, c: LoopedLMConfig, seq_len: int, batch_size: int) -> dict:
+    "The shape of a measured model and batch, as a results record begins."
+    return dict(
+        preset=preset,
+        d_model=c.d_model,
+        n_layers=c.n_layers,
+        K=c.K,
+        vocab_size=c.vocab_size,
+        seq_len=seq_len,
+        batch_size=batch_size,
+    )
 
 
 def make_step(model, cfg: ExperimentConfig, device, baseline: bool = False):

@@ -18,7 +18,7 @@ Results go to `<out>/gpu.json` (after every part, so a run cut short keeps what 
 """
 
 from __future__ import annotations
-import argparse, contextlib, gc, os, shutil, statistics, sys, tempfile, time, traceback, warnings
+import argparse, contextlib, gc, shutil, statistics, sys, tempfile, time, traceback, warnings
 from collections import Counter
 from pathlib import Path
 import numpy as np, torch
@@ -41,7 +41,8 @@ from bench_lib import (
 )
 from looped_lm.config import load_preset
 from looped_lm.data import TokenData
-from looped_lm.train import train, read_metrics, autocast
+from looped_lm.rundir import read_metrics
+from looped_lm.train import train, autocast
 
 PEAK_FLOPS = 989e12  # H100/H200 SXM dense bf16, as the trainer's MFU
 med = statistics.median

@@ -30,6 +30,8 @@ from bench_lib import (
     RESULTS,
     SCRATCH,
     bench_config,
+    cpu_config,
+    shape_record,
     make_step,
     synthetic_batch,
     interleaved_times,
@@ -52,9 +54,7 @@ med = statistics.median
 
 
 def equal_flops(preset: str, seq_len: int, batch_size: int, rounds: int, reps: int) -> dict:
-    cfg = bench_config(
-        preset, device='cpu', dtype='float32', compile=False, ce_chunk=0, seq_len=seq_len, batch_size=batch_size
-    )
+    cfg = cpu_config(preset, ce_chunk=0, seq_len=seq_len, batch_size=batch_size)
     c = LoopedLMConfig.from_experiment(cfg)
     n_gpt = c.n_layers * c.K
     torch.manual_seed(0)
@@ -112,9 +112,7 @@ def equal_flops(preset: str, seq_len: int, batch_size: int, rounds: int, reps: i
 def exit_depth(preset: str, seq_len: int, batch_size: int, rounds: int, reps: int, ce_chunk: int) -> dict:
     """Teacher-forced evaluation at every exit k, with the readout CE chunked (`ce_chunk`, as the paper preset's
     evaluation runs it) and plain (chunk 0), all interleaved in the same rounds."""
-    cfg = bench_config(
-        preset, device='cpu', dtype='float32', compile=False, seq_len=seq_len, batch_size=batch_size, ce_chunk=ce_chunk
-    )
+    cfg = cpu_config(preset, seq_len=seq_len, batch_size=batch_size, ce_chunk=ce_chunk)
     c = LoopedLMConfig.from_experiment(cfg)
     torch.manual_seed(0)
     model = LoopedLM(c).eval()
@@ -132,13 +130,7 @@ def exit_depth(preset: str, seq_len: int, batch_size: int, rounds: int, reps: in
     flops = {k: forward_flops_per_token(c, seq_len, exit_k=k, n_readouts=1) for k in ks}
     tok = batch_size * seq_len
     res = dict(
-        preset=preset,
-        d_model=c.d_model,
-        n_layers=c.n_layers,
-        K=c.K,
-        vocab_size=c.vocab_size,
-        seq_len=seq_len,
-        batch_size=batch_size,
+        shape_record(preset, c, seq_len, batch_size),
         ce_chunk=ce_chunk,
         rounds=rounds,
         reps=reps,
@@ -189,11 +181,8 @@ def memory_probe(spec: dict) -> dict:
     """Run in a fresh process: build the model and optimizer, take one step (which creates the AdamW state),
     drop the gradients, then measure the peak resident memory of the following steps."""
     torch.manual_seed(0)
-    cfg = bench_config(
+    cfg = cpu_config(
         spec['preset'],
-        device='cpu',
-        dtype='float32',
-        compile=False,
         seq_len=spec['seq_len'],
         batch_size=spec['batch_size'],
         loss=spec['loss'],
@@ -229,9 +218,7 @@ def memory_probe(spec: dict) -> dict:
 
 def readout_speed(preset: str, seq_len: int, batch_size: int, ce_chunk: int, rounds: int) -> dict:
     "Step time of per-loop and terminal loss with chunked readout CE, in this process, interleaved."
-    cfg = bench_config(
-        preset, device='cpu', dtype='float32', compile=False, seq_len=seq_len, batch_size=batch_size, ce_chunk=ce_chunk
-    )
+    cfg = cpu_config(preset, seq_len=seq_len, batch_size=batch_size, ce_chunk=ce_chunk)
     c = LoopedLMConfig.from_experiment(cfg)
     torch.manual_seed(0)
     steps = {lo: make_step(LoopedLM(c), cfg.replace(loss=lo), torch.device('cpu')) for lo in ('terminal', 'perloop')}
@@ -265,13 +252,7 @@ def readout_cost(preset: str, seq_len: int, batch_size: int, ce_chunk: int, step
     c = LoopedLMConfig.from_experiment(bench_config(preset))
     speed = readout_speed(preset, seq_len, batch_size, ce_chunk, rounds)
     return dict(
-        preset=preset,
-        d_model=c.d_model,
-        n_layers=c.n_layers,
-        K=c.K,
-        vocab_size=c.vocab_size,
-        seq_len=seq_len,
-        batch_size=batch_size,
+        shape_record(preset, c, seq_len, batch_size),
         tokens_per_step=seq_len * batch_size,
         ce_chunk=ce_chunk,
         runs=runs,

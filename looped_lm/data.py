@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_data.ipynb #6be3d435
 from __future__ import annotations
-import collections, contextlib, functools, hashlib, json, math, os, re, socket, sys, threading, time
+import collections, contextlib, functools, hashlib, json, math, os, re, socket, threading, time
 import urllib.parse, warnings
 from dataclasses import dataclass, field
 from pathlib import Path

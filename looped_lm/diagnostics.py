@@ -615,15 +615,19 @@ def matches_key(rec, key: dict) -> bool:
     return isinstance(rec, dict) and key is not None and all(rec.get(k) == v for k, v in key.items())
 
 
+_RECOMPUTE = object()  # what `_cached` reads of a missing or damaged report: compute it (again)
+
+
+def _damaged_report(p: Path, e: Exception):
+    "A damaged `diagnostics.json` (`read_json`'s `damaged`): recomputed, with a warning that names it."
+    warnings.warn(f"{p} is damaged ({type(e).__name__}: {e}); recomputing the diagnostics.")
+    return _RECOMPUTE
+
+
 def _cached(p: Path, key: dict):
     """The report cached in `p` if it was written for `key` (version, checkpoint, batches); a damaged file is
     recomputed with a warning."""
-    if not p.exists():
-        return None
-    try:
-        rep = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
-        warnings.warn(f"{p} is damaged ({type(e).__name__}: {e}); recomputing the diagnostics.")
+    if (rep := read_json(p, _RECOMPUTE, damaged=_damaged_report)) is _RECOMPUTE:
         return None
     if not isinstance(rep, dict):
         warnings.warn(f"{p} does not hold a report; recomputing the diagnostics.")

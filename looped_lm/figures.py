@@ -5,7 +5,7 @@ subset of variants and seeds."""
 
 # %% ../nbs/06_figures.ipynb #ee6cb7b7
 from __future__ import annotations
-import io, json, math, os, re
+import errno, io, math, os, re
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -18,7 +18,7 @@ from .files import write_atomic
 from .diagnostics import radial_scale_of
 from .lemmas import radial_fraction
 from .model import LoopedLMConfig, forward_flops_per_token
-from .rundir import read_metrics
+from .rundir import read_json, read_metrics
 from .variants import VARIANTS, check_variants, check_seeds
 from .tables import endpoint, endpoint_correlations, read_throughput
 from .ablation import collect
@@ -38,12 +38,17 @@ class ResultsError(RuntimeError):
 RERUN = "rerun nbs/05_ablation.ipynb on this out_dir (it retrains nothing and recomputes only what is missing)"
 
 
+def _damaged_results(path: Path, e: Exception):
+    "A damaged results file (`read_json`'s `damaged`): a `ResultsError` naming it and the fix."
+    raise ResultsError(f"{path} is damaged ({type(e).__name__}: {e}). Delete that file and {RERUN}.") from None
+
+
 def read_results_json(path: Path):
-    "The JSON value in `path`; a damaged file is a `ResultsError` naming it and the fix, never a raw JSONDecodeError."
-    try:
-        return json.loads(Path(path).read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ResultsError(f"{path} is damaged ({type(e).__name__}: {e}). Delete that file and {RERUN}.") from None
+    """The JSON value in `path` (a missing file: `FileNotFoundError`); a damaged file is a `ResultsError` naming it
+    and the fix, never a raw JSONDecodeError."""
+    if not Path(path).exists():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    return read_json(path, damaged=_damaged_results)
 
 # %% ../nbs/06_figures.ipynb #4c839c7d
 def variant_order(names) -> list:

@@ -5,7 +5,7 @@
 # %% ../nbs/01_model.ipynb #e45eee98
 from __future__ import annotations
 import json, math, os
-from dataclasses import dataclass, fields, asdict
+from dataclasses import dataclass, fields
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
 from huggingface_hub import PyTorchModelHubMixin
@@ -553,7 +553,7 @@ def _check_generate_args(model, idx, max_new_tokens, temperature, halting):
     if halting is not None and not callable(halting):
         raise TypeError(
             f"halting must be None or a callable (logits, k) -> bool mask (B,), got {halting!r} "
-            "(e.g. `diagnostics.halting_policy`)."
+            "(e.g. `halting.halting_policy`)."
         )
 
 # %% ../nbs/01_model.ipynb #8541b426

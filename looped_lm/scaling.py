@@ -6,7 +6,7 @@ what a power-law fit of the drift says (and does not) about the paper's budget. 
 
 # %% ../nbs/07_scaling.ipynb #4c7d2bca
 from __future__ import annotations
-import dataclasses, functools, json, math, numbers, os, time
+import dataclasses, functools, json, math, numbers, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -15,7 +15,7 @@ from .config import ExperimentConfig, ConfigError, load_preset
 from .data import prepare_data, write_atomic
 from .model import LoopedLM, LoopedLMConfig, num_params, train_flops_per_token
 from .train import train, TrainingError, resolve_device
-from .rundir import RunDirError, run_status, latest_checkpoint, load_run
+from .rundir import RunDirError, run_status, latest_checkpoint, load_run, read_json
 from .diagnostics import eval_exits, token_norms, norm_stats, radial_fractions, checkpoint_id, matches_key
 from .diagnostics import DIAG_VERSION, radial_scale_of
 from .protocol import as_spec
@@ -352,10 +352,7 @@ def measure_key(run_dir, data, tokens: int, radial_tokens: int) -> dict | None:
 # %% ../nbs/07_scaling.ipynb #e0272fcd
 def read_measure(run_dir, key: dict) -> dict | None:
     "The cached `scaling.json` of `run_dir` if it was written for `key`; None when missing, damaged or of another key."
-    try:
-        m = json.loads((Path(run_dir) / 'scaling.json').read_text())
-    except (OSError, ValueError):
-        return None
+    m = read_json(Path(run_dir) / 'scaling.json', damaged=lambda p, e: None)  # a damaged file: measured again
     return m if matches_key(m, key) else None
 
 # %% ../nbs/07_scaling.ipynb #bf51553d
@@ -393,18 +390,16 @@ def measure_run(run_dir, data, tokens: int = 16384, radial_tokens: int = 4096, d
 # %% ../nbs/07_scaling.ipynb #fca8679f
 def _add_train_seconds(run_dir: Path, seconds: float):
     p = run_dir / 'scaling-time.json'
-    try:
-        t = json.loads(p.read_text())
-    except (OSError, ValueError):
-        t = {}
+    t = read_json(p, {}, damaged=lambda p, e: {})  # a damaged record starts again
     write_atomic(p, json.dumps(dict(train_s=t.get('train_s', 0.0) + seconds, calls=t.get('calls', 0) + 1)))
 
 
 def train_seconds(run_dir) -> float:
     "Seconds of training calls that advanced this run, as `run_scaling` recorded them (nan when none was recorded)."
+    t = read_json(Path(run_dir) / 'scaling-time.json', damaged=lambda p, e: None)
     try:
-        return float(json.loads((Path(run_dir) / 'scaling-time.json').read_text())['train_s'])
-    except (OSError, ValueError, KeyError, TypeError):
+        return float(t['train_s'])
+    except (ValueError, KeyError, TypeError):  # none recorded (TypeError: no file), or not a number
         return float('nan')
 
 # %% ../nbs/07_scaling.ipynb #b3eac479

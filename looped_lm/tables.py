@@ -9,6 +9,7 @@ import json, math
 from pathlib import Path
 import numpy as np, pandas as pd
 from .files import write_atomic
+from .rundir import read_json
 from .diagnostics import radial_scale_of
 from .variants import VARIANTS
 
@@ -133,11 +134,7 @@ def throughput_table(exits) -> pd.DataFrame:
 # %% ../nbs/05b_tables.ipynb #20050ed3
 def read_throughput(study_dir, key: dict = None) -> list | None:
     "Tokens/s per exit from `study_dir/throughput.json` (measured for `key`, if given); None when absent or damaged."
-    p = Path(study_dir) / 'throughput.json'
-    try:
-        t = json.loads(p.read_text())
-    except (OSError, ValueError):
-        return None  # never measured, or a damaged file: measured again
+    t = read_json(Path(study_dir) / 'throughput.json', damaged=lambda p, e: None)  # a damaged file: measured again
     return t.get('exits') if isinstance(t, dict) and (key is None or t.get('key') == key) else None
 
 # %% ../nbs/05b_tables.ipynb #c733284c
