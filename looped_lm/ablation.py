@@ -18,7 +18,8 @@ from .config import ExperimentConfig, ConfigError, load_preset, settings_path
 from .data import prepare_data, write_atomic, dir_lock, sweep_stale_tmp, LockedError
 from .train import train, TrainingError, resolve_device
 from .rundir import run_status, read_metrics
-from .diagnostics import diagnose_run, exit_throughput, current_report, DIAG_VERSION
+from .diagnostics import diagnose_run, exit_throughput
+from .reports import current_report, DIAG_VERSION
 from .jobs import EXECUTORS, check_executor, plan_study, prepare_once, run_jobs
 from .variants import VARIANTS, check_seeds, check_variants
 from .tables import write_tables, read_throughput

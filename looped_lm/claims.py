@@ -10,7 +10,8 @@ import json, math, numbers
 from pathlib import Path
 import numpy as np
 from .files import write_atomic
-from .diagnostics import HEAVY_TAIL_HILL, radial_scale_of
+from .diagnostics import HEAVY_TAIL_HILL
+from .reports import radial_scale_of
 from .variants import VARIANTS
 from .tables import dig, _fmt, _md, read_run_records, read_throughput, write_tables
 

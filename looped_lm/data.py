@@ -4,14 +4,23 @@
 
 # %% ../nbs/02_data.ipynb #6be3d435
 from __future__ import annotations
-import collections, contextlib, functools, hashlib, json, math, os, re, socket, threading, time
+import contextlib, functools, hashlib, json, math, os, re, socket, threading, time
 import urllib.parse, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, torch
 from tqdm import tqdm
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 from .config import ExperimentConfig, CORPORA
+from looped_lm.tokenizer import (
+    EOT,
+    REGEX_JOIN,
+    REGEX_PATTERN,
+    RegexTokenizer,
+    decoded_byte_lengths,
+    decoded_bytes,
+    train_tokenizer,
+)
 from looped_lm.files import (  # noqa: F401 -- the file tools lived here: old import sites still find them here
     LOCK_NAME,
     LockedError,
@@ -26,12 +35,11 @@ from looped_lm.files import (  # noqa: F401 -- the file tools lived here: old im
 )
 
 # %% auto #0
-__all__ = ['SPLITS', 'HUB_REPO', 'DATA_ENV', 'CACHE_ENV', 'HUB_CORPORA', 'EOT', 'REGEX_PATTERN', 'REGEX_SPECIALS', 'REGEX_JOIN',
-           'CACHE_VERSION', 'DataNotFoundError', 'resolve_data_dir', 'local_files', 'hub_offline', 'load_corpus',
-           'iter_rows', 'with_article_starts', 'train_tokenizer', 'Encoding', 'RegexTokenizer', 'resolve_cache_dir',
-           'source_fingerprint', 'tokenizer_path', 'load_cached_split', 'load_cached_meta', 'decoded_byte_lengths',
-           'decoded_bytes', 'encode_split', 'TokenData', 'prepare_data', 'bits_per_byte', 'word_perplexity',
-           'get_batch', 'eval_batches', 'window_starts', 'n_windows', 'window_batch']
+__all__ = ['SPLITS', 'HUB_REPO', 'DATA_ENV', 'CACHE_ENV', 'HUB_CORPORA', 'CACHE_VERSION', 'DataNotFoundError', 'resolve_data_dir',
+           'local_files', 'hub_offline', 'load_corpus', 'iter_rows', 'with_article_starts', 'resolve_cache_dir',
+           'source_fingerprint', 'tokenizer_path', 'load_cached_split', 'load_cached_meta', 'encode_split', 'TokenData',
+           'prepare_data', 'bits_per_byte', 'word_perplexity', 'get_batch', 'eval_batches', 'window_starts',
+           'n_windows', 'window_batch']
 
 # %% ../nbs/02_data.ipynb #366f78b6
 SPLITS = ('train', 'validation', 'test')
@@ -57,7 +65,7 @@ def resolve_data_dir(data_dir=None) -> Path | None:
         )
     return p
 
-
+# %% ../nbs/02_data.ipynb #33ca475e
 def local_files(corpus: str, root) -> dict:
     "Paths of `corpus`'s three split files under the local copy `root`; an error names any that are missing."
     files = {s: Path(root) / corpus / f'{s}.txt' for s in SPLITS}
@@ -121,7 +129,7 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     t.join(timeout + 1)
     return bool(ok)
 
-
+# %% ../nbs/02_data.ipynb #f038d8a3
 def _no_data_msg(corpus, why):
     return (
         f"Cannot load {corpus}: no local copy is configured and {why}.\nEither\n"
@@ -146,10 +154,38 @@ def _datasets_progress(verbose):
             enable_progress_bars()
 
 # %% ../nbs/02_data.ipynb #9ae218ac
-def load_corpus(corpus: str, data_dir=None, verbose: bool = True):
-    "`corpus` as a `datasets.DatasetDict` (train/validation/test, column `text`): the local copy if any, else the Hub."
+def _load_local(corpus: str, root: Path, verbose: bool):
+    "The local copy of `corpus` under `root`, read by `datasets`' text builder with the line breaks kept."
     from datasets import load_dataset
 
+    files = local_files(corpus, root)
+    if verbose:
+        print(f"{corpus}: local copy {root / corpus}")
+    return load_dataset('text', data_files={s: str(p) for s, p in files.items()}, keep_linebreaks=True)
+
+
+def _load_hub(corpus: str, verbose: bool):
+    "`corpus` from the Hub, or from the `datasets` cache when the Hub is off or out of reach; else a DataNotFoundError."
+    from datasets import load_dataset
+
+    offline = hub_offline()
+    why = 'the Hub is switched off (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and it is not in the datasets cache'
+    if not offline and not _hub_reachable():
+        offline, why = (
+            True,
+            'the Hugging Face Hub cannot be reached (no network?) and it is not in the datasets cache',
+        )
+    if verbose:
+        print(f"{corpus}: Hugging Face Hub {HUB_REPO}" + (' (offline: datasets cache only)' if offline else ''))
+    try:
+        with _hub_offline_mode(offline):
+            return load_dataset(HUB_REPO, corpus)
+    except Exception as e:  # datasets wraps network and cache misses in several types: report one
+        raise DataNotFoundError(_no_data_msg(corpus, why) + f"\n(datasets said: {type(e).__name__}: {e})") from e
+
+# %% ../nbs/02_data.ipynb #2a50c2e5
+def load_corpus(corpus: str, data_dir=None, verbose: bool = True):
+    "`corpus` as a `datasets.DatasetDict` (train/validation/test, column `text`): the local copy if any, else the Hub."
     root = resolve_data_dir(data_dir)
     if root is None and corpus not in HUB_CORPORA:
         raise DataNotFoundError(
@@ -158,25 +194,7 @@ def load_corpus(corpus: str, data_dir=None, verbose: bool = True):
             f"{corpus}/validation.txt and {corpus}/test.txt."
         )
     with _datasets_progress(verbose):
-        if root is not None:
-            files = local_files(corpus, root)
-            if verbose:
-                print(f"{corpus}: local copy {root / corpus}")
-            return load_dataset('text', data_files={s: str(p) for s, p in files.items()}, keep_linebreaks=True)
-        offline = hub_offline()
-        why = 'the Hub is switched off (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and it is not in the datasets cache'
-        if not offline and not _hub_reachable():
-            offline, why = (
-                True,
-                'the Hugging Face Hub cannot be reached (no network?) and it is not in the datasets cache',
-            )
-        if verbose:
-            print(f"{corpus}: Hugging Face Hub {HUB_REPO}" + (' (offline: datasets cache only)' if offline else ''))
-        try:
-            with _hub_offline_mode(offline):
-                return load_dataset(HUB_REPO, corpus)
-        except Exception as e:  # datasets wraps network and cache misses in several types: report one
-            raise DataNotFoundError(_no_data_msg(corpus, why) + f"\n(datasets said: {type(e).__name__}: {e})") from e
+        return _load_local(corpus, root, verbose) if root is not None else _load_hub(corpus, verbose)
 
 # %% ../nbs/02_data.ipynb #41c4d16a
 _TITLE = re.compile(r'^ = [^=].* = \n?$')
@@ -203,117 +221,6 @@ def with_article_starts(rows):
         cur = nxt
     if cur is not None:
         yield cur, prev == '' and bool(_TITLE.match(cur))
-
-# %% ../nbs/02_data.ipynb #0723ed44
-EOT = '<|endoftext|>'  # the document separator, placed before every article
-
-
-def train_tokenizer(texts, vocab_size: int, length: int = None, verbose: bool = True) -> Tokenizer:
-    "A byte-level BPE with at most `vocab_size` tokens (including `EOT`), trained on the strings in `texts`."
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[EOT],
-        show_progress=verbose,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(texts, trainer, length=length)
-    return tok
-
-# %% ../nbs/02_data.ipynb #9b7805ec
-REGEX_PATTERN = r'\s+|[A-Za-z0-9_]+|[^\w\s]'
-REGEX_SPECIALS = ('<pad>', '<bos>', '<eos>', '<unk>')
-REGEX_JOIN = '\n\n'  # between the kept rows of a split
-
-
-@dataclass
-class Encoding:
-    "What `encode` returns, as a `tokenizers.Encoding` does: the ids and the token strings."
-
-    ids: list
-    tokens: list
-
-# %% ../nbs/02_data.ipynb #6e502767
-class RegexTokenizer:
-    "The official word-level tokenizer: `re.findall(pattern)` tokens, a fixed vocabulary, `<unk>` for the rest."
-
-    kind = 'regex'
-
-    def __init__(self, itos, pattern: str = REGEX_PATTERN):
-        if tuple(itos[:4]) != REGEX_SPECIALS:
-            raise ValueError(f"A regex vocabulary starts with {REGEX_SPECIALS}, not {tuple(itos[:4])}.")
-        self.itos, self.pattern, self._re = list(itos), pattern, re.compile(pattern)
-        self.stoi = {t: i for i, t in enumerate(self.itos)}
-        self.unk_id = self.stoi['<unk>']
-
-    @classmethod
-    def fit(cls, row_iters, vocab_size: int, min_freq: int = 2, pattern: str = REGEX_PATTERN):
-        "Fit on the rows of `row_iters` (e.g. train rows, then validation rows), counted one row at a time."
-        rx, counts = re.compile(pattern), collections.Counter()
-        for rows in row_iters:
-            for row in rows:
-                counts.update(rx.findall(row))
-        kept = sorted(
-            ((t, c) for t, c in counts.items() if c >= min_freq and t not in REGEX_SPECIALS),
-            key=lambda tc: (-tc[1], tc[0]),
-        )
-        return cls(list(REGEX_SPECIALS) + [t for t, _ in kept[: max(0, vocab_size - len(REGEX_SPECIALS))]], pattern)
-
-    def tokenize(self, text: str) -> list:
-        "The token strings of `text`: every match of the pattern, in order."
-        return self._re.findall(text)
-
-    def ids_of(self, tokens) -> list:
-        "The ids of the token strings `tokens`, `<unk>` for those outside the vocabulary."
-        return [self.stoi.get(t, self.unk_id) for t in tokens]
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> Encoding:
-        "The ids and token strings of `text` (`add_special_tokens` is accepted for `tokenizers`' API, and ignored)."
-        toks = self.tokenize(text)
-        return Encoding(self.ids_of(toks), toks)
-
-    def encode_batch_fast(self, texts, add_special_tokens: bool = False) -> list:
-        "`encode` of each string of `texts`, as `tokenizers.Tokenizer.encode_batch_fast` returns them."
-        return [self.encode(t) for t in texts]
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        "The text of `ids`: their token strings joined, the four specials left out when `skip_special_tokens`."
-        return ''.join(t for t in map(self.itos.__getitem__, ids) if not (skip_special_tokens and t in REGEX_SPECIALS))
-
-    def token_to_id(self, token: str):
-        "The id of the token string `token`, None if it is not in the vocabulary."
-        return self.stoi.get(token)
-
-    def id_to_token(self, i: int):
-        "The token string of id `i`, None outside the vocabulary."
-        return self.itos[i] if 0 <= i < len(self.itos) else None
-
-    def get_vocab_size(self) -> int:
-        "The number of ids, the four specials included."
-        return len(self.itos)
-
-    def to_str(self, pretty: bool = False) -> str:
-        "The tokenizer as JSON (kind, pattern, vocabulary in id order), indented when `pretty`."
-        return json.dumps(dict(kind=self.kind, pattern=self.pattern, itos=self.itos), indent=1 if pretty else None)
-
-    def save(self, path, pretty: bool = True):
-        "Write `to_str` to `path`, atomically."
-        write_atomic(path, self.to_str(pretty))
-
-    @classmethod
-    def from_str(cls, s: str):
-        "The tokenizer that `to_str` wrote as `s`; another kind of JSON is a `ValueError`."
-        d = json.loads(s)
-        if d.get('kind') != cls.kind:
-            raise ValueError(f"not a regex tokenizer (kind {d.get('kind')!r})")
-        return cls(d['itos'], d['pattern'])
-
-    @classmethod
-    def from_file(cls, path):
-        "The tokenizer saved at `path`."
-        return cls.from_str(Path(path).read_text(encoding='utf-8'))
 
 # %% ../nbs/02_data.ipynb #ee8581bb
 CACHE_VERSION = 2  # 2: keys cover the source text's content; sidecars carry n_bytes / n_words
@@ -445,21 +352,22 @@ def _regex_chunks(tok, rows, stats, batch_rows):
     if carry:
         yield [], tok.ids_of([carry])
 
-# %% ../nbs/02_data.ipynb #b4c4c658
-def decoded_byte_lengths(tok) -> np.ndarray:
-    "Per id, the UTF-8 bytes it adds to `tok.decode(ids)`: 0 for the special tokens (`<unk>`, `EOT`, ...)."
-    if isinstance(tok, RegexTokenizer):
-        return np.array([0 if t in REGEX_SPECIALS else len(t.encode('utf-8')) for t in tok.itos], dtype=np.int64)
-    special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
-    toks = (tok.id_to_token(i) for i in range(tok.get_vocab_size()))
-    return np.array([0 if t in special else len(t) for t in toks], dtype=np.int64)  # byte-level: 1 char = 1 byte
-
-
-def decoded_bytes(ids, lengths: np.ndarray, chunk: int = 1 << 24) -> int:
-    "UTF-8 bytes of the text `ids` decode back to, given `decoded_byte_lengths`; counted `chunk` ids at a time."
-    return sum(
-        int(np.bincount(ids[i : i + chunk], minlength=len(lengths)) @ lengths) for i in range(0, len(ids), chunk)
-    )
+# %% ../nbs/02_data.ipynb #ea2399a1
+def _write_ids(chunks, bin_path: Path, dt, stats: dict, lengths: np.ndarray, bar) -> str:
+    "Write the id chunks to `bin_path` atomically, adding their counts to `stats`; the SHA-256 of the bytes written."
+    h = hashlib.sha256()
+    with atomic_writer(bin_path) as f:
+        for batch, ids in chunks:
+            a = np.asarray(ids, dtype=dt)
+            b = a.tobytes()
+            f.write(b)
+            h.update(b)
+            stats['n_tokens'] += len(ids)
+            stats['n_bytes'] += sum(len(r.encode('utf-8')) for r in batch)
+            stats['n_words'] += sum(len(r.split()) for r in batch)
+            stats['n_bytes_decoded'] += decoded_bytes(a, lengths)  # what the ids give back: <unk> counts 0
+            bar.update(len(batch))
+    return h.hexdigest()
 
 # %% ../nbs/02_data.ipynb #326ec932
 def encode_split(
@@ -473,24 +381,11 @@ def encode_split(
     batch_rows: int = 2000,
 ) -> dict:
     "Tokenize `rows` into `bin_path` and its sidecar (dtype, length, SHA-256, bytes, words), atomically; returns it."
-    dt, h = _dtype(tok.get_vocab_size()), hashlib.sha256()
+    dt = _dtype(tok.get_vocab_size())
     stats = dict(n_tokens=0, n_articles=0, n_bytes=0, n_words=0, n_bytes_decoded=0)
-    lengths = decoded_byte_lengths(tok)
     chunks = (_regex_chunks if isinstance(tok, RegexTokenizer) else _bpe_chunks)(tok, rows, stats, batch_rows)
-    with (
-        atomic_writer(bin_path) as f,
-        tqdm(total=total, desc=desc, unit=' rows', disable=not verbose, mininterval=1) as bar,
-    ):
-        for batch, ids in chunks:
-            a = np.asarray(ids, dtype=dt)
-            b = a.tobytes()
-            f.write(b)
-            h.update(b)
-            stats['n_tokens'] += len(ids)
-            stats['n_bytes'] += sum(len(r.encode('utf-8')) for r in batch)
-            stats['n_words'] += sum(len(r.split()) for r in batch)
-            stats['n_bytes_decoded'] += decoded_bytes(a, lengths)  # what the ids give back: <unk> counts 0
-            bar.update(len(batch))
+    with tqdm(total=total, desc=desc, unit=' rows', disable=not verbose, mininterval=1) as bar:
+        sha = _write_ids(chunks, bin_path, dt, stats, decoded_byte_lengths(tok), bar)
         if total:
             bar.n = total
             bar.refresh()
@@ -498,7 +393,7 @@ def encode_split(
         format=CACHE_VERSION,
         fingerprint=fingerprint,
         dtype=dt.name,
-        sha256=h.hexdigest(),
+        sha256=sha,
         vocab_size=tok.get_vocab_size(),
         **stats,
     )
@@ -563,7 +458,7 @@ def _load_tokenizer(path: Path, repair: bool = True):
         path.unlink(missing_ok=True)  # else the first-writer-wins publish below would keep the damaged file
         return None
 
-
+# %% ../nbs/02_data.ipynb #b712ba3d
 def _train_tokenizer(cfg, path: Path, text, verbose):
     "Fit the recipe's tokenizer, publish it at `path` (first writer wins) and return the published one."
     rows = lambda s, lim=0: iter_rows(text()[s], lim)
@@ -587,6 +482,22 @@ def _n_bytes_decoded(meta: dict, ids, tok) -> int:
     return meta['n_bytes_decoded'] if 'n_bytes_decoded' in meta else decoded_bytes(ids, decoded_byte_lengths(tok))
 
 
+def _token_data(cfg, tok, arrays: dict, metas: dict, fps: dict, **kw) -> TokenData:
+    "The TokenData of the split arrays `arrays`, their sidecars `metas` and fingerprints `fps`; `kw`: the rest."
+    return TokenData(
+        **arrays,
+        tokenizer=tok,
+        vocab_size=tok.get_vocab_size(),
+        fingerprint=_sha(*fps.values()),
+        corpus=cfg.corpus,
+        split_fingerprints=fps,
+        n_bytes={s: m['n_bytes'] for s, m in metas.items()},
+        n_words={s: m['n_words'] for s, m in metas.items()},
+        n_bytes_decoded={s: _n_bytes_decoded(m, arrays[s], tok) for s, m in metas.items()},
+        **kw,
+    )
+
+# %% ../nbs/02_data.ipynb #c42a3898
 def _from_cache(cfg, cdir: Path, tpath: Path, source: str, text, verbose, build: bool):
     "The TokenData of the recipe from the cache; `build`: train and tokenize what is missing (hold the cache lock)."
     tok, trained = _load_tokenizer(tpath, repair=build), False
@@ -610,22 +521,8 @@ def _from_cache(cfg, cdir: Path, tpath: Path, source: str, text, verbose, build:
             )
             built.append(s)
         arrays[s], metas[s] = _open_tokens(bpath, meta), meta
-    return TokenData(
-        **arrays,
-        tokenizer=tok,
-        vocab_size=tok.get_vocab_size(),
-        fingerprint=_sha(*fps.values()),
-        cache_dir=cdir,
-        corpus=cfg.corpus,
-        split_fingerprints=fps,
-        built=tuple(built),
-        tokenizer_trained=trained,
-        n_bytes={s: m['n_bytes'] for s, m in metas.items()},
-        n_words={s: m['n_words'] for s, m in metas.items()},
-        n_bytes_decoded={s: _n_bytes_decoded(m, arrays[s], tok) for s, m in metas.items()},
-        source=source,
-        tokenizer_file=tpath,
-    )
+    kw = dict(cache_dir=cdir, built=tuple(built), tokenizer_trained=trained, source=source, tokenizer_file=tpath)
+    return _token_data(cfg, tok, arrays, metas, fps, **kw)
 
 # %% ../nbs/02_data.ipynb #9104e5c8
 def _current_source(corpus, root, text, cdir: Path) -> str:
@@ -651,6 +548,19 @@ def _current_source(corpus, root, text, cdir: Path) -> str:
         write_atomic(last, json.dumps(dict(source=source, when=time.strftime('%Y-%m-%d %H:%M:%S'))))
     return source
 
+# %% ../nbs/02_data.ipynb #55ecb0d2
+def _lazy_corpus(corpus: str, root, verbose: bool):
+    "A function that loads `corpus` on its first call and returns that same DatasetDict on every later call."
+    ds = None
+
+    def text():
+        nonlocal ds
+        if ds is None:
+            ds = load_corpus(corpus, root, verbose=verbose)
+        return ds
+
+    return text
+
 # %% ../nbs/02_data.ipynb #a4c6f1c6
 def prepare_data(cfg: ExperimentConfig, data_dir=None, cache_dir=None, verbose: bool = True) -> TokenData:
     "Tokenizer and token ids of `cfg.corpus` (train cut to `cfg.max_train_lines`), built once, then read from cache."
@@ -659,18 +569,10 @@ def prepare_data(cfg: ExperimentConfig, data_dir=None, cache_dir=None, verbose: 
         local_files(cfg.corpus, root)  # a misconfigured local copy is an error even on a cache hit
     cdir = resolve_cache_dir(cache_dir) / cfg.corpus
     cdir.mkdir(parents=True, exist_ok=True)
-    ds = None
-
-    def text():
-        nonlocal ds
-        if ds is None:
-            ds = load_corpus(cfg.corpus, root, verbose=verbose)
-        return ds
-
+    text = _lazy_corpus(cfg.corpus, root, verbose)
     source = _current_source(cfg.corpus, root, text, cdir)
-    kind = cfg.tokenizer
     tpath = tokenizer_path(
-        cache_dir, cfg.corpus, cfg.vocab_size, cfg.max_train_lines, source=source, tokenizer=kind, min_freq=cfg.min_freq
+        cache_dir, cfg.corpus, cfg.vocab_size, cfg.max_train_lines, source, cfg.tokenizer, cfg.min_freq
     )
     with warnings.catch_warnings():  # a complete cache needs no lock; damage is reported by the locked pass
         warnings.simplefilter('ignore')
@@ -682,12 +584,8 @@ def prepare_data(cfg: ExperimentConfig, data_dir=None, cache_dir=None, verbose: 
     if td.vocab_size > cfg.vocab_size:
         raise ValueError(f"Tokenizer {tpath} has {td.vocab_size} tokens, above vocab_size={cfg.vocab_size}; delete it.")
     if verbose:
-        print(
-            td,
-            '(from cache)'
-            if not td.built and not td.tokenizer_trained
-            else f"(built: {', '.join(td.built) or 'none'})",
-        )
+        cached = not td.built and not td.tokenizer_trained
+        print(td, '(from cache)' if cached else f"(built: {', '.join(td.built) or 'none'})")
     return td
 
 # %% ../nbs/02_data.ipynb #24d7b58a
@@ -719,7 +617,7 @@ def _check_len(tokens, seq_len):
     if len(tokens) < seq_len + 1:
         raise ValueError(f"A split of {len(tokens)} tokens is too short for windows of seq_len={seq_len} (+1 target).")
 
-
+# %% ../nbs/02_data.ipynb #7bfe61e7
 def get_batch(tokens, batch_size: int, seq_len: int, generator: torch.Generator, device='cpu'):
     "`batch_size` random windows of `tokens`: x, y int64 (batch_size, seq_len), y = x shifted by one (`generator`)."
     _check_len(tokens, seq_len)

@@ -6,29 +6,26 @@ beyond the training depth, calibrated halting, per-token norms, throughput per e
 
 # %% ../nbs/04_diagnostics.ipynb #25e17e10
 from __future__ import annotations
-import dataclasses, itertools, json, math, statistics, time, warnings
+import dataclasses, itertools, json, math, statistics, time
 from contextlib import contextmanager
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 from .lemmas import radial_fraction, radial_exact, angle_between, radial_tangential
 from .data import bits_per_byte, word_perplexity
-from .files import write_atomic, file_content_sha
+from .files import write_atomic
 from .protocol import LoopSpecError, as_spec, run_loops, checked_spec, token_windows, CLAMPS
 from .protocol import clamp_refusal, readout_norm_at, IGNORED_STATE, guarded_spec, readout_pieces, token_ce
 from .halting import loop_scores, adaptive_halting
-from .rundir import latest_checkpoint, load_run, read_json
+from .reports import DIAG_VERSION, DiagnosticReport, _cached, checkpoint_id
+from .rundir import latest_checkpoint, load_run
 from .train import norm_penalty as penalty
 
 # %% auto #0
-__all__ = ['DIAG_VERSION', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'EVAL_TOKENS', 'eval_exits', 'exit_throughput', 'hill_estimator',
-           'token_norms', 'norm_stats', 'norm_distribution', 'float64_spec', 'radial_scale', 'radial_scale_of',
-           'radial_fractions', 'angular_updates', 'angle_scaling', 'clamp_modes', 'scale_sensitivity', 'lemma2',
-           'DiagnosticReport', 'diagnose', 'matches_key', 'checkpoint_id', 'current_report', 'diagnose_run']
+__all__ = ['HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'EVAL_TOKENS', 'eval_exits', 'exit_throughput', 'hill_estimator', 'token_norms',
+           'norm_stats', 'norm_distribution', 'float64_spec', 'radial_scale', 'radial_fractions', 'angular_updates',
+           'angle_scaling', 'clamp_modes', 'scale_sensitivity', 'lemma2', 'diagnose', 'diagnose_run']
 
 # %% ../nbs/04_diagnostics.ipynb #f7635442
-DIAG_VERSION = 5  # bump whenever a diagnostic changes: cached reports of another version are recomputed
-
-
 def _module(obj):
     "The `nn.Module` behind a model or a spec (None for a spec made of plain callables)."
     return obj if isinstance(obj, nn.Module) else getattr(obj, 'module', None)
@@ -194,11 +191,6 @@ def radial_scale(h: torch.Tensor, norm: str, eps: float) -> float:
     h = h.detach().double()
     m = h.var(-1, unbiased=False) if norm == 'layernorm' else h.pow(2).mean(-1)
     return (eps / m).mean().item()
-
-
-def radial_scale_of(row: dict):
-    "The `scale` of a radial row, also from a report older than `DIAG_VERSION` 5 (which named it `predicted`)."
-    return row.get('scale', row.get('predicted'))
 
 # %% ../nbs/04_diagnostics.ipynb #1d59442e
 def _norm_module(spec, k: int):
@@ -429,97 +421,6 @@ def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=
         del hid, u
     return [dict(k=k, s=s, a=a, du=du, du_times_s=dus) for k, (s, a, du, dus) in enumerate((acc / nb).tolist(), 1)]
 
-# %% ../nbs/04_diagnostics.ipynb #2a3faa0b
-def _fmt(v) -> str:
-    if v is None:
-        return '–'
-    if isinstance(v, float):
-        if math.isinf(v) or math.isnan(v):
-            return str(v)
-        return f'{v:.3g}' if 1e-3 <= abs(v) < 1e5 or v == 0 else f'{v:.2e}'
-    return str(v)
-
-
-def _table(rows: list, cols: list) -> str:
-    "A markdown table of the `cols` of `rows`."
-    lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
-    return '\n'.join(lines + ['| ' + ' | '.join(_fmt(r.get(c)) for c in cols) + ' |' for r in rows])
-
-# %% ../nbs/04_diagnostics.ipynb #a660c4e8
-class DiagnosticReport(dict):
-    "Every diagnostic of one model: a plain JSON-able dict that prints as the paper's tables and draws the key figure."
-
-    def tables(self) -> dict:
-        "{title: markdown table} of the report's parts."
-        t = {}
-        for split, rows in self.get('exits', {}).items():
-            t[f'Exits ({split}; PPL per exit depth)'] = _table(rows, ['k', 'ce', 'ppl', 'bpb', 'word_ppl', 'tokens'])
-        if 'radial' in self:
-            dt = {r.get('dtype') for r in self['radial']}
-            dt = 'float64' if dt == {'float64'} else f"{'/'.join(map(str, dt))} — NOT float64: name the spec's modules"
-            t[f'Radial gradient fractions ({dt})'] = _table(
-                self['radial'],
-                ['k', 'readout', 'readout_whole', 'scale', 'exact', 'ratio_p05', 'ratio_p50', 'ratio_p95']
-                + ['cot_median', 'objective', 'dtype'],
-            )
-        if 'clamp' in self:
-            t['Radial clamp modes (Table 4)'] = _table(
-                [dict(mode=m, **r) for m, rows in self['clamp'].items() for r in rows],
-                ['mode', 'k', 'ppl', 'delta_ce', 'ppl_ratio', 'norm_l2', 'norm_rms', 'norm_ratio_vs_loop1'],
-            )
-        if self.get('norms'):
-            t['Per-token norms at the final loop (Table 10)'] = _table(
-                self['norms'][-1:], ['k', 'mean', 'median', 'p99', 'max', 'sd', 'min', 'hill', 'tail']
-            )
-        if 'halting' in self:
-            t['Calibrated adaptive halting (Table 8)'] = _table(
-                self['halting'], ['policy', 'granularity', 'threshold', 'avg_loops', 'ppl', 'fixed_ppl', 'ppl_ratio']
-            )
-        if 'scale' in self:
-            t['Scale sensitivity of the final readout'] = _table(self['scale'], ['alpha', 'ce', 'ppl'])
-        if 'angular' in self:
-            t['Angular updates (float64)'] = _table(
-                self['angular'], ['k', 'angle', 's_prev', 'angle_times_s', 'b_perp', 'ratio']
-            )
-        if 'lemma2' in self:
-            t['Lemma 2 beyond the training depth'] = _table(self['lemma2'], ['k', 's', 'a', 'du', 'du_times_s'])
-        if self.get('skipped'):
-            skipped = [dict(part=p, reason=r) for p, r in self['skipped'].items()]
-            t['Skipped, and why'] = _table(skipped, ['part', 'reason'])
-        return t
-
-    def _repr_markdown_(self) -> str:
-        name, state = self.get('name', 'model'), self.get('state') or 'unstated'
-        head = f"**{name}** — H_k: {state}; diagnostics v{self.get('version')}"
-        return '\n\n'.join([head] + [f'**{k}**\n\n{v}' for k, v in self.tables().items()])
-
-    def __repr__(self):
-        return self._repr_markdown_()
-
-    def plot(self, axs=None):
-        "The key figure: PPL per exit, radial fraction (and the lemma's exact value) per loop, ||du||*s beyond K."
-        import matplotlib.pyplot as plt
-
-        if axs is None:
-            fig, axs = plt.subplots(1, 3, figsize=(12, 3.2))
-        ex = self['exits']['validation']
-        axs[0].plot([e['k'] for e in ex], [e['ppl'] for e in ex], 'o-')
-        axs[0].set(xlabel='exit depth k', ylabel='validation PPL')
-        r = self.get('radial', [])
-        axs[1].semilogy([x['k'] for x in r], [x['readout'] for x in r], 'o-', label='readout (measured)')
-        if r and r[0].get('exact') is not None:
-            axs[1].semilogy([x['k'] for x in r], [x['exact'] for x in r], 'kx', label='lemma, exact')
-        if r and radial_scale_of(r[0]) is not None:
-            axs[1].semilogy([x['k'] for x in r], [radial_scale_of(x) for x in r], 'k--', lw=0.8, label='eps/mean(H²)')
-        axs[1].set(xlabel='loop k', ylabel='radial fraction')
-        axs[1].legend(fontsize=7)
-        l2 = self.get('lemma2', [])
-        axs[2].loglog([x['s'] for x in l2], [x['du'] for x in l2], '.-', label='‖Δu‖')
-        axs[2].loglog([x['s'] for x in l2], [x['du_times_s'] for x in l2], '.-', label='‖Δu‖·s')
-        axs[2].set(xlabel='s_k (RMS)', title=f'{len(l2) + 1} loops')
-        axs[2].legend(fontsize=7)
-        return axs
-
 # %% ../nbs/04_diagnostics.ipynb #942bd8fb
 def _splits(data) -> tuple:
     "({split: ids}, {split: (n_bytes, n_words)}) of a `TokenData`, a dict of splits, or one array of ids (validation)."
@@ -546,6 +447,22 @@ def _check_args(splits: dict, batch_size, seq_len, spec):
                 f"The {s} split has {len(t)} tokens: too short for two windows of seq_len={seq_len}; "
                 "pass more tokens or a smaller seq_len."
             )
+
+# %% ../nbs/04_diagnostics.ipynb #a7909fc0
+def _spec_parts(spec, val, check: dict, plain, batches: tuple, ce_chunk: int, lemma_loops: int, kw: dict) -> tuple:
+    """({part: rows}, {part: reason}) of the parts a spec may refuse: the clamp modes (on the `plain` pass's windows)
+    and Lemma 2, each measured on `batches` = (subset, few) batches or skipped with the reason the spec gives."""
+    rep, skipped = {}, {}
+    if why := clamp_refusal(spec):
+        skipped['clamp'] = why
+    else:
+        rep['clamp'] = clamp_modes(spec, val, max_batches=batches[0], ce_chunk=ce_chunk, plain=plain, **kw)
+    if check.get('steps_carry_state') is False:  # the loop does not feed the state back
+        skipped['radial objective'] = f"{IGNORED_STATE}, so the objective's gradient cannot flow through later loops"
+        skipped['lemma2'] = f"Lemma 2 is about the recurrence of the state the loop feeds back, and {IGNORED_STATE}"
+    else:
+        rep['lemma2'] = lemma2(spec, val, lemma_loops, max_batches=batches[1], **kw)
+    return rep, skipped
 
 # %% ../nbs/04_diagnostics.ipynb #03206adb
 def diagnose(
@@ -576,16 +493,7 @@ def diagnose(
     check = {k: v for k, v in checked_spec(spec, None).items() if isinstance(v, (int, float, str, bool, type(None)))}
     plain = loop_scores(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw)  # halting, norms, clamp 'none'
     ce, scores, norms, _ = plain
-    rep, skipped = {}, {}
-    if why := clamp_refusal(spec):
-        skipped['clamp'] = why
-    else:
-        rep['clamp'] = clamp_modes(spec, val, max_batches=sub, ce_chunk=ce_chunk, plain=plain, **kw)
-    if check.get('steps_carry_state') is False:  # the loop does not feed the state back
-        skipped['radial objective'] = f"{IGNORED_STATE}, so the objective's gradient cannot flow through later loops"
-        skipped['lemma2'] = f"Lemma 2 is about the recurrence of the state the loop feeds back, and {IGNORED_STATE}"
-    else:
-        rep['lemma2'] = lemma2(spec, val, lemma_loops, max_batches=few, **kw)
+    rep, skipped = _spec_parts(spec, val, check, plain, (sub, few), ce_chunk, lemma_loops, kw)
     return DiagnosticReport(
         version=DIAG_VERSION,
         name=spec.name,
@@ -609,53 +517,10 @@ def diagnose(
         **rep,
     )
 
-# %% ../nbs/04_diagnostics.ipynb #2d545379
-def matches_key(rec, key: dict) -> bool:
-    "Whether `rec` is a dict holding every item of `key`: the test of every cached result (a None key never matches)."
-    return isinstance(rec, dict) and key is not None and all(rec.get(k) == v for k, v in key.items())
-
-
-_RECOMPUTE = object()  # what `_cached` reads of a missing or damaged report: compute it (again)
-
-
-def _damaged_report(p: Path, e: Exception):
-    "A damaged `diagnostics.json` (`read_json`'s `damaged`): recomputed, with a warning that names it."
-    warnings.warn(f"{p} is damaged ({type(e).__name__}: {e}); recomputing the diagnostics.")
-    return _RECOMPUTE
-
-
-def _cached(p: Path, key: dict):
-    """The report cached in `p` if it was written for `key` (version, checkpoint, batches); a damaged file is
-    recomputed with a warning."""
-    if (rep := read_json(p, _RECOMPUTE, damaged=_damaged_report)) is _RECOMPUTE:
-        return None
-    if not isinstance(rep, dict):
-        warnings.warn(f"{p} does not hold a report; recomputing the diagnostics.")
-        return None
-    return DiagnosticReport(rep) if matches_key(rep, key) else None
-
-
-def checkpoint_id(ckpt) -> str | None:
-    "The checkpoint's folder name and a hash of its weights: a retrained run with the same step count is a new one."
-    if ckpt is None:
-        return None
-    return (
-        f"{Path(ckpt).name}:{file_content_sha(Path(ckpt) / 'model.safetensors')[:16]}"  # hashed once per file version
-    )
-
-# %% ../nbs/04_diagnostics.ipynb #3899ab52
-def current_report(run_dir) -> DiagnosticReport | None:
-    """The run's `diagnostics.json` if these diagnostics (`DIAG_VERSION`) wrote it for its newest checkpoint; else None
-    (a damaged file: `RunDirError`)."""
-    run_dir = Path(run_dir)
-    rep = read_json(run_dir / 'diagnostics.json')
-    key = dict(version=DIAG_VERSION, checkpoint=checkpoint_id(latest_checkpoint(run_dir)))
-    return DiagnosticReport(rep) if key['checkpoint'] and matches_key(rep, key) else None
-
-
+# %% ../nbs/04_diagnostics.ipynb #d5646914
 EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least the run's own batch)
 
-# %% ../nbs/04_diagnostics.ipynb #d5646914
+
 def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> DiagnosticReport:
     "Cached `diagnose` of a run's newest checkpoint (`diagnostics.json`, keyed by checkpoint, `DIAG_VERSION`, batches)."
     run_dir = Path(run_dir)

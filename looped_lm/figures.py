@@ -15,7 +15,7 @@ import seaborn as sns
 import torch
 from .config import ExperimentConfig
 from .files import write_atomic
-from .diagnostics import radial_scale_of
+from .reports import radial_scale_of
 from .lemmas import radial_fraction
 from .model import LoopedLMConfig, forward_flops_per_token
 from .rundir import read_json, read_metrics

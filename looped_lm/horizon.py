@@ -16,8 +16,9 @@ from .model import LoopedLM, LoopedLMConfig
 from .train import train, TrainingError, lr_at, resolve_device
 from .rundir import RunDirError, run_status, latest_checkpoint, verify_checkpoint
 from looped_lm.diagnostics import (
-    loop_scores, norm_stats, radial_fractions, clamp_modes, adaptive_halting, checkpoint_id, matches_key, DIAG_VERSION
+    loop_scores, norm_stats, radial_fractions, clamp_modes, adaptive_halting
 )
+from .reports import checkpoint_id, matches_key, DIAG_VERSION
 from .protocol import as_spec
 from .variants import VARIANTS, GROUPS, check_variants, check_seeds
 from .tables import to_markdown
@@ -25,7 +26,8 @@ from .claims import HALT_POLICY, measures
 from looped_lm.ablation import (
     check_folder, check_spawn_guard, default_workers, job_data, repo_root, run_study_jobs, study_lock,
 )
-from .scaling import AT_RISK, PAPER_TOKENS, PAPER_DRIFT, add_c6, fit_growth, t_quantile, train_flops
+from .scaling import AT_RISK, add_c6, train_flops
+from .growth import PAPER_TOKENS, PAPER_DRIFT, fit_growth, fit_holdout, t_interval
 
 # %% auto #0
 __all__ = ['PAPER_LR', 'PAPER_BATCH_TOKENS', 'PAPER_STEPS', 'PAPER_WIDTH', 'CLOCKS', 'PAPER_CLOCK', 'PAPER_DRIFT_RMS', 'CONSTANT',
@@ -490,22 +492,10 @@ def dose_response(df: pd.DataFrame, s: str = 'norm_rms') -> pd.DataFrame:
 # %% ../nbs/08_horizon.ipynb #a9a0bb01
 def _seed_fit(d: pd.DataFrame, clock: str, value: str, split_step: int) -> dict:
     "One seed's fit on the early checkpoints, its in-sample and out-of-sample RMS errors of ln(value)."
-    early, late = d[d.step <= split_step], d[d.step > split_step]
-    f = fit_growth(early[clock], early[value])
-    res = lambda r: np.log(f['predict'](r[clock])[0]) - np.log(r[value].to_numpy(float))  # noqa: E731
-    rms = lambda r: float(np.sqrt(np.mean(res(r) ** 2))) if len(r) else float('nan')  # noqa: E731
-    return dict(exponent=f['exponent'], intercept=f['intercept'], n_early=len(early), n_late=len(late),
-                err_in=rms(early), err_out=rms(late), fit=f)
-
-
-def _t_interval(x) -> tuple:
-    "(mean, low, high): the 95% t interval of the mean of `x` over seeds (nan bounds with one seed)."
-    x = np.asarray(x, dtype=float)
-    m = float(x.mean())
-    if len(x) < 2:
-        return m, float('nan'), float('nan')
-    h = t_quantile(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
-    return m, m - h, m + h
+    h = fit_holdout(d[clock], d[value], d.step <= split_step)
+    f = h['fit']
+    return dict(exponent=f['exponent'], intercept=f['intercept'], n_early=h['n_in'], n_late=h['n_out'],
+                err_in=h['err_in'], err_out=h['err_out'], fit=f)
 
 # %% ../nbs/08_horizon.ipynb #08294c37
 def drift_law(df: pd.DataFrame, split_step: int, variant: str = AT_RISK, clock: str = 'lr_steps') -> dict:
@@ -518,12 +508,12 @@ def drift_law(df: pd.DataFrame, split_step: int, variant: str = AT_RISK, clock: 
     width = float((d.norm / d.norm_rms).median())  # √d: L2 = RMS x √d
     per = pd.DataFrame({s: {k: v for k, v in f.items() if k != 'fit'} for s, f in seeds.items()}).T
     out = dict(variant=variant, clock=clock, split_step=split_step, seeds=per, sqrt_d=width,
-               exponent=_t_interval(per.exponent), err_in=float(per.err_in.mean()), err_out=float(per.err_out.mean()))
+               exponent=t_interval(per.exponent), err_in=float(per.err_in.mean()), err_out=float(per.err_out.mean()))
     out['usable'] = bool(out['err_out'] < math.log(2))
     carry = []
     for scale, at in PAPER_CLOCK[clock].items():
         ln = [np.log(f['fit']['predict'](at)[0]) for f in seeds.values()]
-        m, lo, hi = (float(np.exp(v)) for v in _t_interval(ln))
+        m, lo, hi = (float(np.exp(v)) for v in t_interval(ln))
         carry.append(dict(scale=scale, clock=at, rms=m / width, rms_lo=lo / width, rms_hi=hi / width,
                           paper_rms=PAPER_DRIFT_RMS[scale], l2=m, l2_lo=lo, l2_hi=hi, paper_l2=PAPER_DRIFT[scale]))
     out['carry'] = pd.DataFrame(carry).set_index('scale')

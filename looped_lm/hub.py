@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from .model import LoopedLM
 from .rundir import RunDirError, load_run, read_json
-from .diagnostics import current_report
+from .reports import current_report
 
 # %% auto #0
 __all__ = ['final_loop_row', 'run_card', 'from_run']

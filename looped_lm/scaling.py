@@ -6,7 +6,7 @@ what a power-law fit of the drift says (and does not) about the paper's budget. 
 
 # %% ../nbs/07_scaling.ipynb #4c7d2bca
 from __future__ import annotations
-import dataclasses, functools, json, math, numbers, time
+import dataclasses, json, math, numbers, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -16,19 +16,19 @@ from .data import prepare_data, write_atomic
 from .model import LoopedLM, LoopedLMConfig, num_params, train_flops_per_token
 from .train import train, TrainingError, resolve_device
 from .rundir import RunDirError, run_status, latest_checkpoint, load_run, read_json
-from .diagnostics import eval_exits, token_norms, norm_stats, radial_fractions, checkpoint_id, matches_key
-from .diagnostics import DIAG_VERSION, radial_scale_of
+from .diagnostics import eval_exits, token_norms, norm_stats, radial_fractions
+from .reports import DIAG_VERSION, radial_scale_of, checkpoint_id, matches_key
 from .protocol import as_spec
 from .variants import VARIANTS, check_variants, check_seeds
 from .tables import to_markdown
 from .ablation import repo_root, check_folder, job_data, run_study_jobs, study_lock
+from .growth import fit_growth, growth_row, short_number, fit_sentence, carry_sentence
 
 # %% auto #0
-__all__ = ['AT_RISK', 'CONTROLS', 'RECIPES', 'AXES', 'GRIDS', 'REFERENCE', 'SCALING_VERSION', 'PAPER_TOKENS', 'PAPER_DRIFT',
-           'MD_COLUMNS', 'Axis', 'Point', 'scaling_points', 'Grid', 'train_flops', 'estimate_seconds', 'Job', 'Plan',
-           'scaling_run_dir', 'scaling_dirs', 'check_scaling', 'measure_key', 'read_measure', 'measure_run',
-           'train_seconds', 'train_job', 'measure_columns', 'job_row', 'add_c6', 'scaling_table', 'axis_rows',
-           't_quantile', 'local_slopes', 'fit_input', 'fit_growth', 'growth_row', 'growth_table', 'wall_seconds',
+__all__ = ['AT_RISK', 'CONTROLS', 'RECIPES', 'AXES', 'GRIDS', 'REFERENCE', 'SCALING_VERSION', 'MD_COLUMNS', 'Axis', 'Point',
+           'scaling_points', 'Grid', 'train_flops', 'estimate_seconds', 'Job', 'Plan', 'scaling_run_dir',
+           'scaling_dirs', 'check_scaling', 'measure_key', 'read_measure', 'measure_run', 'train_seconds', 'train_job',
+           'measure_columns', 'job_row', 'add_c6', 'scaling_table', 'axis_rows', 'growth_table', 'wall_seconds',
            'study_title', 'reading', 'Scaling', 'write_results', 'scaling_jobs', 'run_scaling', 'read_markdown_table',
            'published_table']
 
@@ -505,103 +505,6 @@ def axis_rows(df: pd.DataFrame, axis: str, plan: Plan) -> pd.DataFrame:
     order = (lambda v: list(RECIPES).index(v)) if axis == 'lr_wd' else float
     return rows.assign(_o=rows.value.map(order)).sort_values('_o', kind='stable').drop(columns='_o')
 
-# %% ../nbs/07_scaling.ipynb #cbd305e5
-PAPER_TOKENS = 1_638_400_000  # the official 4 epochs of WikiText-103 (settings.ini, paper-exact-44m)
-PAPER_DRIFT = {'44M': 39207.0, '129M': 56051.0}  # the paper's final-loop norms of the at-risk model at that budget
-
-
-@functools.lru_cache
-def t_quantile(p: float, dof: int) -> float:
-    "The `p`-quantile (0.5 < p < 1) of Student's t with `dof` degrees of freedom: bisection on its integrated density."
-    c = math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)) / math.sqrt(dof * math.pi)
-
-    def cdf(x):
-        u = np.linspace(0.0, x, 4001)
-        return 0.5 + np.trapezoid(c * (1 + u * u / dof) ** (-(dof + 1) / 2), u)
-
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
-        lo, hi = hi, 2 * hi
-    for _ in range(60):
-        lo, hi = (lo, (lo + hi) / 2) if cdf((lo + hi) / 2) >= p else ((lo + hi) / 2, hi)
-    return (lo + hi) / 2
-
-
-def local_slopes(tokens, norms) -> list:
-    "d ln(norm) / d ln(tokens) between neighbouring budgets (sorted by tokens): where a single power law bends."
-    t, y = (np.asarray(a, dtype=np.float64) for a in (tokens, norms))
-    o = np.argsort(t)
-    t, y = t[o], y[o]
-    return [float(np.log(y[i + 1] / y[i]) / np.log(t[i + 1] / t[i])) for i in range(len(t) - 1)]
-
-# %% ../nbs/07_scaling.ipynb #b7c1d2e4
-def fit_input(tokens, norms) -> tuple:
-    "`tokens` and `norms` as float64 arrays a log-log fit can use: same length, two budgets or more, positive, finite."
-    t, y = np.asarray(tokens, dtype=np.float64).ravel(), np.asarray(norms, dtype=np.float64).ravel()
-    if t.shape != y.shape or len(np.unique(t)) < 2:
-        raise ValueError(
-            "fit_growth needs tokens and norms of the same length with at least two distinct budgets; "
-            f"got {len(t)} and {len(y)}."
-        )
-    if not (np.isfinite(t).all() and np.isfinite(y).all() and (t > 0).all() and (y > 0).all()):
-        raise ValueError(
-            "fit_growth needs positive finite tokens and norms (a log-log fit); drop failed or unmeasured runs first."
-        )
-    return t, y
-
-# %% ../nbs/07_scaling.ipynb #1cda33c6
-def fit_growth(tokens, norms) -> dict:
-    "Least squares of ln(norm) on ln(tokens): exponent, its s.e. and 95% t interval, and `predict(t, band)`."
-    t, y = fit_input(tokens, norms)
-    X, ly = np.stack([np.ones_like(t), np.log(t)], 1), np.log(y)
-    beta = np.linalg.lstsq(X, ly, rcond=None)[0]
-    resid, dof = ly - X @ beta, len(t) - 2
-    cov = (resid @ resid / dof if dof > 0 else np.nan) * np.linalg.inv(X.T @ X)
-    ss, t95 = ((ly - ly.mean()) ** 2).sum(), t_quantile(0.975, dof) if dof > 0 else float('nan')
-
-    def predict(at, band: float = 1.0):
-        "(fit, low, high) at tokens `at`: the line ± `band` standard errors (`t95` of them: the 95% band)."
-        x = np.log(np.asarray(at, dtype=np.float64))
-        mid, se = beta[0] + beta[1] * x, np.sqrt(cov[0, 0] + 2 * x * cov[0, 1] + x * x * cov[1, 1])
-        return np.exp(mid), np.exp(mid - band * se), np.exp(mid + band * se)
-
-    se = float(np.sqrt(cov[1, 1]))
-    return dict(
-        exponent=float(beta[1]),
-        stderr=se,
-        t95=t95,
-        ci95=(float(beta[1] - t95 * se), float(beta[1] + t95 * se)),
-        intercept=float(beta[0]),
-        n=len(t),
-        dof=dof,
-        r2=float(1 - resid @ resid / ss) if ss > 0 else float('nan'),
-        cov=cov.tolist(),
-        predict=predict,
-    )
-
-# %% ../nbs/07_scaling.ipynb #b7c1d2e7
-def growth_row(variant: str, runs: pd.DataFrame, f: dict) -> dict:
-    "One variant's row of the growth table: its fit `f` over `runs` (tokens, norm), the drift at PAPER_TOKENS."
-    (mid, lo, hi), (_, lo95, hi95) = f['predict'](PAPER_TOKENS), f['predict'](PAPER_TOKENS, f['t95'])
-    return {
-        'variant': variant,
-        'budgets': runs.tokens.nunique(),
-        'tokens from': runs.tokens.min(),
-        'tokens to': runs.tokens.max(),
-        'exponent': f['exponent'],
-        'exponent s.e.': f['stderr'],
-        'exponent 95% from': f['ci95'][0],
-        'exponent 95% to': f['ci95'][1],
-        'R²': f['r2'],
-        'local slopes': ', '.join(f'{s:.2f}' for s in local_slopes(runs.tokens, runs.norm)),
-        'norm at paper budget': float(mid),
-        '-1 s.e.': float(lo),
-        '+1 s.e.': float(hi),
-        '95% from': float(lo95),
-        '95% to': float(hi95),
-        **{f'paper {k}': x for k, x in PAPER_DRIFT.items()},
-    }
-
 # %% ../nbs/07_scaling.ipynb #850715f5
 def growth_table(df: pd.DataFrame, plan: Plan) -> tuple:
     "({variant: fit}, frame): per variant, the drift's power-law fit on the budget axis and its value at PAPER_TOKENS."
@@ -645,54 +548,16 @@ def study_title(plan: Plan, df: pd.DataFrame) -> str:
     )
 
 # %% ../nbs/07_scaling.ipynb #999d7762
-def _n(x) -> str:
-    if x is None or not np.isfinite(x):
-        return '–'
-    a = abs(x)
-    return f"{x:.2e}" if a and (a < 1e-2 or a >= 1e7) else (f"{x:,.0f}" if a >= 100 else f"{x:.3g}")
-
-
-def _verdict(f: dict) -> str:
-    lo, hi = f['ci95']
-    if not np.isfinite(lo):
-        return 'no interval (fewer than 3 budgets)'
-    if lo > 0:
-        return 'grows (95% interval above zero)'
-    if hi < 0:
-        return 'shrinks (95% interval below zero)'
-    return 'no trend distinguishable from zero (the 95% interval spans it)'
-
-
 def _span(s: pd.Series) -> str:
-    s = s.dropna()
-    return '–' if not len(s) else (_n(s.iloc[0]) if len(s) == 1 else f"{_n(s.min())} to {_n(s.max())}")
+    s, n = s.dropna(), short_number
+    return '–' if not len(s) else (n(s.iloc[0]) if len(s) == 1 else f"{n(s.min())} to {n(s.max())}")
 
 # %% ../nbs/07_scaling.ipynb #5e23ef07
 def _fit_sentences(done: pd.DataFrame, plan: Plan, fits: dict) -> list:
     "Per variant the drift exponent with its 95% interval; the at-risk fit at the paper's budget, labelled a guess."
-    out = []
-    for v, f in fits.items():
-        ci = f", 95% t interval {f['ci95'][0]:.2f} to {f['ci95'][1]:.2f} ({f['dof']} dof)" if f['dof'] > 0 else ''
-        out.append(
-            f"- `{v}`: drift exponent b = {f['exponent']:.2f} ± {f['stderr']:.2f}{ci} over {f['n']} budgets "
-            f"(R² {_n(f['r2'])}): {_verdict(f)}."
-        )
+    out = [fit_sentence(v, f) for v, f in fits.items()]
     if AT_RISK in fits:
-        f = fits[AT_RISK]
-        (mid, lo, hi), (_, lo95, hi95) = f['predict'](PAPER_TOKENS), f['predict'](PAPER_TOKENS, f['t95'])
-        b = axis_rows(done[done.variant == AT_RISK], 'budget', plan)
-        slopes = ', '.join(f'{s:.2f}' for s in local_slopes(b.tokens, b.norm))
-        big, n_params = b.tokens.max(), b.params.max()  # the fitted runs' budget and model
-        out.append(
-            f"- Carried to the paper's {PAPER_TOKENS:.4g} tokens, the `{AT_RISK}` fit gives ‖H_K‖ ≈ {_n(mid)} "
-            f"(±1 s.e. {_n(lo)} to {_n(hi)}; 95% {_n(lo95)} to {_n(hi95)}, the fit's uncertainty only), against the "
-            f"paper's {PAPER_DRIFT['44M']:,.0f} (44M) and "
-            f"{PAPER_DRIFT['129M']:,.0f} (129M). That extrapolates a {n_params / 1e6:.2f}M-parameter WikiText-2 "
-            f"fit by {math.log10(PAPER_TOKENS / big):.1f} orders of magnitude in tokens (and the model by "
-            f"{math.log10(44e6 / n_params):.1f} to {math.log10(129e6 / n_params):.1f} in size): a guess, "
-            "not a prediction of record. The local slopes between neighbouring budgets are "
-            f"{slopes}: one power law over this range is itself an assumption."
-        )
+        out.append(carry_sentence(AT_RISK, fits[AT_RISK], axis_rows(done[done.variant == AT_RISK], 'budget', plan)))
     return out
 
 # %% ../nbs/07_scaling.ipynb #4d17f1d9
@@ -737,11 +602,8 @@ def reading(df: pd.DataFrame, plan: Plan, fits: dict) -> str:
     out += _fit_sentences(done, plan, fits) + _margin_sentences(done, plan)
     for axis in plan.spec.axes:
         r = axis_rows(done[done.variant == AT_RISK], axis, plan)
-        out.append(
-            f"- At-risk ‖H_K‖ along {axis}: "
-            + ', '.join(f"{v if isinstance(v, str) else _n(v)} → {_n(n)}" for v, n in zip(r.value, r.norm))
-            + '.'
-        )
+        pairs = (f"{v if isinstance(v, str) else short_number(v)} → {short_number(n)}" for v, n in zip(r.value, r.norm))
+        out.append(f"- At-risk ‖H_K‖ along {axis}: " + ', '.join(pairs) + '.')
     return '\n'.join(out)
 
 # %% ../nbs/07_scaling.ipynb #5cf14c91

@@ -13,7 +13,8 @@ from matplotlib.ticker import NullFormatter
 from .rundir import read_metrics
 from .variants import check_variants
 from .figures import STYLE, palette, save, check_fig_dir
-from .scaling import AXES, PAPER_DRIFT, PAPER_TOKENS, Plan, Scaling, axis_rows, scaling_run_dir
+from .growth import PAPER_DRIFT, PAPER_TOKENS
+from .scaling import AXES, Plan, Scaling, axis_rows, scaling_run_dir
 from .scaling import study_title
 
 # %% auto #0

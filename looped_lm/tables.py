@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from .files import write_atomic
 from .rundir import read_json
-from .diagnostics import radial_scale_of
+from .reports import radial_scale_of
 from .variants import VARIANTS
 
 # %% auto #0

@@ -42,7 +42,8 @@ def source_text(td, s, join):
 
 def test_regex_counts_the_decodable_bytes(tiny, tmp_path):
     "Regex: n_bytes_decoded = bytes of decode(ids) = source bytes less those under <unk> and those no token matches."
-    from looped_lm.data import REGEX_JOIN, SPLITS, prepare_data
+    from looped_lm.data import SPLITS, prepare_data
+    from looped_lm.tokenizer import REGEX_JOIN
 
     td = prepare_data(tiny('regex', 16), data_dir=tmp_path / 'copy', cache_dir=tmp_path / 'cache', verbose=False)
     tok = td.tokenizer

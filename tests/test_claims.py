@@ -24,7 +24,8 @@ from looped_lm.claims import (
     unaligned_cos,
     write_claims,
 )
-from looped_lm.diagnostics import HEAVY_TAIL_HILL, radial_scale_of
+from looped_lm.diagnostics import HEAVY_TAIL_HILL
+from looped_lm.reports import radial_scale_of
 
 FIELDS = [
     'title',

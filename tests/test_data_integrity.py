@@ -12,7 +12,6 @@ import looped_lm.files as F
 from looped_lm.config import load_preset
 from looped_lm.data import (
     DataNotFoundError,
-    RegexTokenizer,
     bits_per_byte,
     prepare_data,
     window_batch,
@@ -20,6 +19,7 @@ from looped_lm.data import (
     word_perplexity,
 )
 from looped_lm.files import LockedError, WriteError, dir_lock, sweep_stale_tmp, write_atomic
+from looped_lm.tokenizer import RegexTokenizer
 
 SPLITS = ('train', 'validation', 'test')
 WORDS = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu'.split()

@@ -16,16 +16,20 @@ LAYERS = [
     ['config', 'lemmas'],
     ['variants'],  # the ablation's variants (04b): named sets of config options; the seeds/variants parameters
     ['model'],
-    ['data', 'files'],
+    ['files'],  # atomic writes, locks, content hashes (01b)
+    ['tokenizer'],  # text to ids and back (02a): the BPE and the official regex tokenizer; writes with files
+    ['data'],
     ['rundir'],
     ['train'],
     ['protocol'],
     ['halting'],  # calibrated adaptive halting (04c), below the diagnostics that report it
+    ['reports'],  # a diagnostics report, its tables and its cache (04d), below the diagnostics that measure it
     ['diagnostics'],
     ['tables'],  # a study's tables and per-run records (05b), read from diagnostics reports
     ['claims'],  # the pre-registered claims (05c), over the same records
     ['hub'],
     ['jobs'],  # one job per run (submitit), below the studies that submit them
+    ['growth'],  # power-law fits of the drift and their intervals (07b), shared by the scaling and horizon studies
     ['ablation', 'scaling', 'horizon'],  # studies
     ['figures', 'scaling_figures'],  # figures from results folders (the scaling grid's from 07a)
 ]

@@ -11,8 +11,8 @@ import pytest
 import torch, torch.nn as nn, torch.nn.functional as F
 
 from looped_lm.protocol import LoopSpec, LoopSpecError, check_spec, context_layout, from_hooks, run_loops
+from looped_lm.reports import DiagnosticReport
 from looped_lm.diagnostics import (
-    DiagnosticReport,
     angle_scaling,
     angular_updates,
     clamp_modes,

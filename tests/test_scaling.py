@@ -12,19 +12,16 @@ from looped_lm.train import train
 from looped_lm.rundir import run_status, latest_checkpoint
 from looped_lm.scaling import (
     AT_RISK,
-    PAPER_TOKENS,
     Grid,
     check_scaling,
     estimate_seconds,
-    fit_growth,
     measure_key,
     measure_run,
     read_measure,
     run_scaling,
     scaling_points,
-    t_quantile,
-    local_slopes,
 )
+from looped_lm.growth import PAPER_TOKENS, fit_growth, local_slopes, t_quantile
 from looped_lm.scaling_figures import draw_scaling
 
 SMALL = Grid(
