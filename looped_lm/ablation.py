@@ -26,15 +26,21 @@ from .tables import write_tables, read_throughput
 from .claims import write_claims
 
 # %% auto #0
-__all__ = ['STUDY_LOCK_WAIT', 'STUDY_EXECUTORS', 'repo_root', 'WorkerError', 'under_main_guard', 'check_spawn_guard', 'Study',
-           'study_key', 'check_folder', 'default_workers', 'check_params', 'run_dir_of', 'job_data', 'study_lock',
-           'run_study_jobs', 'collect', 'study_throughput', 'study_jobs', 'as_flag', 'check_study_executor',
-           'run_ablation', 'publish']
+__all__ = ['STUDY_LOCK_WAIT', 'STUDY_EXECUTORS', 'repo_root', 'shown', 'WorkerError', 'under_main_guard', 'check_spawn_guard',
+           'Study', 'study_key', 'check_folder', 'default_workers', 'check_params', 'run_dir_of', 'job_data',
+           'study_lock', 'run_study_jobs', 'collect', 'study_throughput', 'study_jobs', 'as_flag',
+           'check_study_executor', 'run_ablation', 'publish']
 
 # %% ../nbs/05_ablation.ipynb #ae478dee
 def repo_root() -> Path:
     "The folder that holds `settings.ini` (the repository's top level)."
     return settings_path().resolve().parent
+
+
+def shown(path) -> str:
+    "`path` as printed: relative to the repository when inside it (no machine's folders in committed outputs)."
+    p = Path(path).resolve()
+    return str(p.relative_to(repo_root())) if p.is_relative_to(repo_root()) else str(path)
 
 # %% ../nbs/05_ablation.ipynb #5b1e7c20
 class WorkerError(RuntimeError):
@@ -473,7 +479,7 @@ def run_ablation(
     how = 'planned' if plan_only else f"{st.workers} worker(s)" if not on_jobs else f"{executor} jobs"
     print(
         f"study: {len(jobs)} runs of {preset} ({', '.join(st.variants)} x seeds {st.seeds}), {how}; "
-        f"results in {st.study_dir}",
+        f"results in {shown(st.study_dir)}",
         flush=True,
     )
     if on_jobs:

@@ -324,49 +324,51 @@ def halting_points(seeds, flops) -> list:
             avg_loops=float(np.mean([h['avg_loops'] for h in hs])),
             flops=float(np.interp(np.mean([h['avg_loops'] for h in hs]), ks, flops)),
             ppl=float(np.mean([h['ppl'] for h in hs])),
+            ppl_ratio=float(np.mean([h.get('ppl_ratio', np.nan) for h in hs])),  # vs full depth, same half
         )
         for (p, g), hs in sorted(groups.items())
     ]
 
 # %% ../nbs/06_figures.ipynb #c8a785a4
-def fig_frontier(res: Results):
-    "Perplexity against forward compute per token at each exit (labels: k), with the calibrated halting points."
-    runs = _need(res.having('exits', dict), 'per-exit perplexities')
-    pal = palette(runs)
-    fig, ax = plt.subplots(figsize=(5.8, 3.8))
-    for v, seeds in runs.items():
-        flops = exit_flops(seeds[0])
-        ex = _exits(seeds)
+def _frontier_panel(ax, group: dict, pal: dict):
+    "One panel of the frontier: each variant's exits at their FLOPs (labels: k), and halting where it saves compute."
+    for v, seeds in group.items():
+        flops, ex = exit_flops(seeds[0]), _exits(seeds)
         n = min(len(flops), *(len(e) for e in ex))
         ppl = np.mean([[e['ppl'] for e in s[:n]] for s in ex], 0)
         ax.plot(flops[:n], ppl, '-o', color=pal[v], label=v, ms=4)
         for k, (x, y) in enumerate(zip(flops[:n], ppl), 1):
             ax.annotate(str(k), (x, y), fontsize=6, xytext=(2, 2), textcoords='offset points')
         for h in [h for h in halting_points(seeds, flops[:n]) if saves_compute(h, n)]:
-            ax.plot(
-                h['flops'],
-                h['ppl'],
-                POLICY_MARKERS.get(h['policy'], 'x'),
-                color=pal[v],
-                ms=6,
-                mfc=pal[v] if h['granularity'] == 'sequence' else 'none',
-            )
-    handles = [
-        matplotlib.lines.Line2D([], [], ls='', marker=m, color='k', mfc='none', label=f'halting: {p}')
-        for p, m in POLICY_MARKERS.items()
-    ]
-    ax.legend(
-        handles=ax.get_legend_handles_labels()[0] + handles, fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1)
-    )
+            fill = pal[v] if h['granularity'] == 'sequence' else 'none'
+            # on the curve's scale: its full-depth PPL x the policy's calibrated ratio (else, old reports, as scored)
+            y = ppl[-1] * h['ppl_ratio'] if np.isfinite(h['ppl_ratio']) else h['ppl']
+            ax.plot(h['flops'], y, POLICY_MARKERS.get(h['policy'], 'x'), color=pal[v], ms=6, mfc=fill)
     ax.set_xscale('log')
     ax.set_yscale('log')
     ax.set_xlabel('forward FLOPs per token (exit k)')
-    ax.set_ylabel('validation perplexity (log)')
-    ax.set_title(
-        'Perplexity–compute frontier (labels: exit k; halting where it saves compute: filled = sequence, '
-        'hollow = token)',
-        fontsize=8,
-    )
+
+
+def fig_frontier(res: Results):
+    """Perplexity against forward compute per token at each exit (labels: k), with the calibrated halting points;
+    per-loop-loss and terminal-loss variants in separate panels, each on its own y-range (as `fig_ppl_vs_exit`)."""
+    runs = _need(res.having('exits', dict), 'per-exit perplexities')
+    pal = palette(runs)
+    groups = [(t, {v: rs for v, rs in runs.items() if VARIANTS[v].per_loop == per_loop})
+              for t, per_loop in (('per-loop loss', True), ('terminal loss (early exits never trained)', False))]
+    groups = [(t, g) for t, g in groups if g]
+    markers = [matplotlib.lines.Line2D([], [], ls='', marker=m, color='k', mfc='none', label=f'halting: {p}')
+               for p, m in POLICY_MARKERS.items()]
+    fig, axs = plt.subplots(1, len(groups), figsize=(4.6 * len(groups), 3.8), squeeze=False)
+    for i, (ax, (title, group)) in enumerate(zip(axs[0], groups)):
+        _frontier_panel(ax, group, pal)
+        ax.set_title(title, fontsize=9)
+        extra = markers if i == len(groups) - 1 else []  # the halting markers' key once, under the last panel
+        handles = ax.get_legend_handles_labels()[0] + extra
+        ax.legend(handles=handles, fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.22), ncol=2)
+    axs[0][0].set_ylabel('validation perplexity (log)')
+    fig.suptitle('Perplexity–compute frontier (labels: exit k; halting where it saves compute: filled = sequence, '
+                 'hollow = token)', fontsize=9, y=1.02)
     return fig
 
 # %% ../nbs/06_figures.ipynb #926db269
