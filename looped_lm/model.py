@@ -8,10 +8,10 @@ import json, math, os
 from dataclasses import dataclass, fields
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
+from .config import ExperimentConfig, ConfigError, validate_values  # first: the package quiets tqdm
 from huggingface_hub import PyTorchModelHubMixin
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from safetensors import SafetensorError
-from .config import ExperimentConfig, ConfigError, validate_values
 
 # %% auto #0
 __all__ = ['MODEL_CARD', 'LoopedLMConfig', 'make_norm', 'LayerCache', 'CausalSelfAttention', 'MLP', 'Block', 'linear_ce',
