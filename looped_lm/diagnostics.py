@@ -13,8 +13,9 @@ import numpy as np, torch, torch.nn as nn
 from .lemmas import radial_fraction, radial_exact, angle_between, radial_tangential
 from .data import bits_per_byte, word_perplexity
 from .files import write_atomic
-from .protocol import LoopSpecError, as_spec, run_loops, checked_spec, token_windows, CLAMPS
-from .protocol import clamp_refusal, readout_norm_at, IGNORED_STATE, guarded_spec, readout_pieces, token_ce
+from .protocol import LoopSpecError, as_spec, run_loops, token_windows, CLAMPS
+from .protocol import clamp_refusal, readout_norm_at, readout_pieces, token_ce
+from .spec_checks import checked_spec, IGNORED_STATE, guarded_spec
 from .halting import loop_scores, adaptive_halting
 from .reports import DIAG_VERSION, DiagnosticReport, _cached, checkpoint_id
 from .rundir import latest_checkpoint, load_run

@@ -7,7 +7,8 @@ on half the windows and scored on the other half, and the measured speed-up of h
 from __future__ import annotations
 import math, statistics, time
 import numpy as np, torch, torch.nn.functional as F
-from .protocol import run_loops, slice_context, token_windows, guarded_spec, readout_pieces, token_ce
+from .protocol import run_loops, slice_context, token_windows, readout_pieces, token_ce
+from .spec_checks import guarded_spec
 
 # %% auto #0
 __all__ = ['POLICIES', 'GRANULARITIES', 'halting_scores', 'halting_policy', 'loop_scores', 'exit_outcome', 'calibrate_threshold',

@@ -26,32 +26,18 @@ from .claims import HALT_POLICY, measures
 from looped_lm.ablation import (
     check_folder, check_spawn_guard, default_workers, job_data, repo_root, run_study_jobs, study_lock,
 )
-from .scaling import AT_RISK, add_c6, train_flops
-from .growth import PAPER_TOKENS, PAPER_DRIFT, fit_growth, fit_holdout, t_interval
+from .scaling import add_c6, train_flops
+from .variants import AT_RISK
+from .horizon_analysis import CLOCKS, collapse_test, dose_response, drift_law
 
 # %% auto #0
-__all__ = ['PAPER_LR', 'PAPER_BATCH_TOKENS', 'PAPER_STEPS', 'PAPER_WIDTH', 'CLOCKS', 'PAPER_CLOCK', 'PAPER_DRIFT_RMS', 'CONSTANT',
-           'HORIZON_GRIDS', 'HORIZON_VERSION', 'RECORDS', 'CONSEQUENCES', 'clock_of', 'HorizonGrid', 'checkpoint_steps',
-           'HorizonJob', 'HorizonPlan', 'horizon_run_name', 'check_horizon', 'horizon_key', 'load_kept',
-           'measure_checkpoint', 'read_records', 'put_record', 'cached_record', 'keep_checkpoint', 'measure_step',
-           'advance', 'plan_records', 'record_row', 'horizon_table', 'collapse_spread', 'collapse_test',
-           'synthetic_horizon', 'dose_response', 'drift_law', 'horizon_seconds', 'measure_step_seconds', 'Horizon',
-           'analyse', 'write_horizon', 'run_horizon']
+__all__ = ['CONSTANT', 'HORIZON_GRIDS', 'HORIZON_VERSION', 'RECORDS', 'clock_of', 'HorizonGrid', 'checkpoint_steps', 'HorizonJob',
+           'HorizonPlan', 'horizon_run_name', 'check_horizon', 'horizon_key', 'load_kept', 'measure_checkpoint',
+           'read_records', 'put_record', 'cached_record', 'keep_checkpoint', 'measure_step', 'advance', 'plan_records',
+           'record_row', 'horizon_table', 'horizon_seconds', 'measure_step_seconds', 'Horizon', 'analyse',
+           'write_horizon', 'run_horizon']
 
 # %% ../nbs/08_horizon.ipynb #2b9b5d3c
-PAPER_LR = 3e-4  # the official constant learning rate (44M and 129M)
-PAPER_BATCH_TOKENS = {'44M': 64 * 256, '129M': 32 * 256}  # batch x seq_len of the official runs
-PAPER_STEPS = {k: PAPER_TOKENS // b for k, b in PAPER_BATCH_TOKENS.items()}  # 100,000 and 200,000
-PAPER_WIDTH = {'44M': 512, '129M': 768}
-CLOCKS = ('lr_steps', 'steps', 'tokens')
-PAPER_CLOCK = {  # each candidate clock's value at the end of the paper's runs
-    'lr_steps': {k: s * PAPER_LR for k, s in PAPER_STEPS.items()},
-    'steps': {k: float(s) for k, s in PAPER_STEPS.items()},
-    'tokens': {k: float(PAPER_TOKENS) for k in PAPER_STEPS},
-}
-PAPER_DRIFT_RMS = {k: v / math.sqrt(PAPER_WIDTH[k]) for k, v in PAPER_DRIFT.items()}  # ‖H_K‖ as RMS (L2 / √d)
-
-
 def clock_of(cfg: ExperimentConfig, step: int) -> dict:
     "The three candidate clocks of optimiser step `step` of a run trained as `cfg` (Σ lr over the steps done)."
     return dict(
@@ -382,142 +368,6 @@ def horizon_table(records: list) -> pd.DataFrame:
     at = df[df.variant == AT_RISK].set_index(['point', 'seed']).norm_rms
     df['s_at_risk'] = [at.get((p, s), float('nan')) for p, s in zip(df.point, df.seed)]
     return df.drop(columns='point')
-
-# %% ../nbs/08_horizon.ipynb #85e8d6f0
-def _pair_spread(a: pd.Series, b: pd.Series) -> tuple:
-    "(RMS difference, matched points) of two ln-norm trajectories indexed by clock, on their overlap, in ln clock."
-    lo, hi = max(a.index.min(), b.index.min()), min(a.index.max(), b.index.max())
-    xs = np.log(np.unique([c for c in [*a.index, *b.index] if lo <= c <= hi]))
-    if len(xs) < 2:
-        return float('nan'), len(xs)
-    ya, yb = (np.interp(xs, np.log(s.index.to_numpy(float)), s.to_numpy(float)) for s in (a, b))
-    return float(np.sqrt(np.mean((ya - yb) ** 2))), len(xs)
-
-
-def collapse_spread(df: pd.DataFrame, variant: str = AT_RISK, clock: str = 'lr_steps', value: str = 'norm') -> dict:
-    "How well the lrs' seed-mean ln(value) trajectories of `variant` collapse on `clock`: spread, points, noise."
-    d = df[(df.variant == variant) & (df[value] > 0) & (df[clock] > 0)].assign(y=lambda x: np.log(x[value]))
-    trajs = {lr: g.groupby(clock).y.mean().sort_index() for lr, g in d.groupby('lr')}
-    pairs = [_pair_spread(trajs[a], trajs[b]) for i, a in enumerate(trajs) for b in list(trajs)[i + 1:]]
-    ok = [(s, n) for s, n in pairs if np.isfinite(s)]
-    noise = d.groupby(['lr', 'step']).y.std(ddof=1).mean() if d.seed.nunique() > 1 else float('nan')
-    return dict(
-        variant=variant, clock=clock, lrs=len(trajs),
-        spread=float(np.mean([s for s, _ in ok])) if ok else float('nan'),
-        points=int(sum(n for _, n in ok)), noise=float(noise),
-    )
-
-# %% ../nbs/08_horizon.ipynb #1fd07848
-def collapse_test(df: pd.DataFrame, variants=(AT_RISK, 'perloop-raw'), clocks=CLOCKS, value='norm') -> pd.DataFrame:
-    "Per variant trained at 2+ lrs: each clock's spread, the winner and the pre-registered verdict on steps x lr."
-    rows = []
-    for v in variants:
-        if df[df.variant == v].lr.nunique() < 2:
-            continue
-        r = {c: collapse_spread(df, v, c, value) for c in clocks}
-        sp = {c: r[c]['spread'] for c in clocks}
-        others = [sp[c] for c in clocks if c != 'lr_steps' and np.isfinite(sp[c])]
-        best = min((c for c in clocks if np.isfinite(sp[c])), key=lambda c: sp[c], default=None)
-        if not np.isfinite(sp.get('lr_steps', np.nan)) or not others:
-            verdict = 'undecided (no overlap)'
-        elif sp['lr_steps'] <= 0.5 * min(others):
-            verdict = 'supported'
-        elif min(others) <= 0.5 * sp['lr_steps']:
-            verdict = 'refuted'
-        else:
-            verdict = 'undecided'
-        rows.append(dict(variant=v, **{f'spread {c}': sp[c] for c in clocks},
-                         points=r[clocks[0]]['points'], noise=r[clocks[0]]['noise'], best=best, verdict=verdict))
-    return pd.DataFrame(rows).set_index('variant') if rows else pd.DataFrame()
-
-# %% ../nbs/08_horizon.ipynb #c00046cb
-def synthetic_horizon(law: str = 'lr_steps', lrs=(1e-2, 3e-3), steps=(50, 100, 200, 400, 800, 1600, 3000),
-                      seeds=(0, 1, 2), exponent: float = 0.6, noise: float = 0.01, batch_tokens: int = 1024,
-                      variants=(AT_RISK, 'perloop-raw')) -> pd.DataFrame:
-    "A horizon table whose norms follow A·clock^exponent on clock `law` (seed noise `noise`); the tests' ground truth."
-    rng, rows = np.random.default_rng(0), []
-    for v in variants:
-        a = 2.0 if v == AT_RISK else 0.5
-        for lr in lrs:
-            for s in seeds:
-                for t in steps:
-                    clock = dict(lr_steps=t * lr, steps=float(t), tokens=float(t * batch_tokens))
-                    n = a * clock[law] ** exponent * math.exp(noise * rng.standard_normal())
-                    rows.append(dict(lr=lr, variant=v, seed=s, step=t, **clock, norm=n, norm_rms=n / 8))
-    return pd.DataFrame(rows)
-
-# %% ../nbs/08_horizon.ipynb #419da033
-CONSEQUENCES = {  # column, rows it is read from, the prediction's slope of ln|y| on ln s (None: only its sign)
-    'gain': ('gain', 'at-risk', -1.0),
-    'clamp freeze_loop1': ('clamp freeze_loop1', 'at-risk', -1.0),
-    'clamp remove_radial': ('clamp remove_radial', 'at-risk', -1.0),
-    'halt loops': ('halt loops', 'at-risk', None),
-    'c6': ('c6', 'controls', None),
-}
-
-
-def _effect(name: str, y: pd.Series) -> pd.Series:
-    "The size of a consequence: |ln ratio| for the clamps (1 = no effect), the value itself otherwise."
-    return np.log(y).abs() if name.startswith('clamp') else y
-
-# %% ../nbs/08_horizon.ipynb #15e3e234
-def _slope_row(name: str, s: pd.Series, y: pd.Series, predicted) -> dict:
-    "The fit of ln y on ln s (y > 0 only), its 95% interval, Spearman's rho on every point, and the verdict."
-    ok = (y > 0) & (s > 0) & np.isfinite(y) & np.isfinite(s)
-    rho = float(np.corrcoef(y.rank(), s.rank())[0, 1]) if len(y) > 2 and y.nunique() > 1 else float('nan')
-    row = dict(consequence=name, points=int(len(y)), used=int(ok.sum()), spearman=rho, predicted=predicted)
-    if s[ok].nunique() < 3:
-        return dict(row, verdict='too few points')
-    f = fit_growth(s[ok], y[ok])
-    lo, hi = f['ci95']
-    if predicted is not None:
-        verdict = 'follows 1/s' if lo <= predicted <= hi else ('falls, not as 1/s' if hi < 0 else 'does not fall')
-    else:
-        verdict = 'falls with s' if hi < 0 else ('rises with s' if lo > 0 else 'no trend')
-    return dict(row, slope=f['exponent'], ci_lo=lo, ci_hi=hi, r2=f['r2'], verdict=verdict)
-
-
-def dose_response(df: pd.DataFrame, s: str = 'norm_rms') -> pd.DataFrame:
-    "Every consequence against the at-risk drift s across checkpoints, lrs and seeds (`CONSEQUENCES`)."
-    rows = []
-    for name, (col, who, pred) in CONSEQUENCES.items():
-        d = df[df.variant == AT_RISK] if who == 'at-risk' else df[df.variant != AT_RISK]
-        if col not in d or not len(d):
-            continue
-        x = d[s] if who == 'at-risk' else d['s_at_risk']
-        d = d[d[col].notna() & x.notna()]
-        rows.append(_slope_row(name, x.loc[d.index], _effect(name, d[col]), pred))
-    return pd.DataFrame(rows).set_index('consequence') if rows else pd.DataFrame()
-
-# %% ../nbs/08_horizon.ipynb #a9a0bb01
-def _seed_fit(d: pd.DataFrame, clock: str, value: str, split_step: int) -> dict:
-    "One seed's fit on the early checkpoints, its in-sample and out-of-sample RMS errors of ln(value)."
-    h = fit_holdout(d[clock], d[value], d.step <= split_step)
-    f = h['fit']
-    return dict(exponent=f['exponent'], intercept=f['intercept'], n_early=h['n_in'], n_late=h['n_out'],
-                err_in=h['err_in'], err_out=h['err_out'], fit=f)
-
-# %% ../nbs/08_horizon.ipynb #08294c37
-def drift_law(df: pd.DataFrame, split_step: int, variant: str = AT_RISK, clock: str = 'lr_steps') -> dict:
-    "Per-seed early fits of ln‖H_K‖ on ln clock, their out-of-sample error, and the carry to the paper's clocks."
-    d = df[(df.variant == variant) & (df.norm > 0) & (df[clock] > 0)]
-    seeds = {s: _seed_fit(g, clock, 'norm', split_step) for s, g in d.groupby('seed')
-             if g[g.step <= split_step][clock].nunique() >= 2}
-    if not seeds:
-        raise ValueError(f"drift_law: no seed of {variant} has two early checkpoints (step <= {split_step}) to fit.")
-    width = float((d.norm / d.norm_rms).median())  # √d: L2 = RMS x √d
-    per = pd.DataFrame({s: {k: v for k, v in f.items() if k != 'fit'} for s, f in seeds.items()}).T
-    out = dict(variant=variant, clock=clock, split_step=split_step, seeds=per, sqrt_d=width,
-               exponent=t_interval(per.exponent), err_in=float(per.err_in.mean()), err_out=float(per.err_out.mean()))
-    out['usable'] = bool(out['err_out'] < math.log(2))
-    carry = []
-    for scale, at in PAPER_CLOCK[clock].items():
-        ln = [np.log(f['fit']['predict'](at)[0]) for f in seeds.values()]
-        m, lo, hi = (float(np.exp(v)) for v in t_interval(ln))
-        carry.append(dict(scale=scale, clock=at, rms=m / width, rms_lo=lo / width, rms_hi=hi / width,
-                          paper_rms=PAPER_DRIFT_RMS[scale], l2=m, l2_lo=lo, l2_hi=hi, paper_l2=PAPER_DRIFT[scale]))
-    out['carry'] = pd.DataFrame(carry).set_index('scale')
-    return out
 
 # %% ../nbs/08_horizon.ipynb #2c30719a
 def horizon_seconds(plan: HorizonPlan, timing: dict, reference: ExperimentConfig) -> dict:

@@ -5,7 +5,6 @@ owns the loop: exits, clamps and depth beyond training all follow from one code 
 
 # %% ../nbs/03a_protocol.ipynb #8201a068
 from __future__ import annotations
-import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 import numpy as np
@@ -15,9 +14,8 @@ from .lemmas import radial_tangential
 from .data import eval_batches
 
 # %% auto #0
-__all__ = ['CLAMPS', 'IGNORED_STATE', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'as_spec', 'clamp_state', 'clamp_refusal',
-           'run_loops', 'context_layout', 'slice_context', 'token_windows', 'from_hooks', 'readout_norm_at',
-           'check_spec', 'checked_spec', 'guarded_spec', 'readout_pieces', 'token_ce']
+__all__ = ['CLAMPS', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'as_spec', 'clamp_state', 'clamp_refusal', 'run_loops',
+           'context_layout', 'slice_context', 'token_windows', 'readout_norm_at', 'readout_pieces', 'token_ce']
 
 # %% ../nbs/03a_protocol.ipynb #9a4b592c
 class LoopSpecError(ValueError):
@@ -59,6 +57,7 @@ class LoopSpec:
 
 # %% ../nbs/03a_protocol.ipynb #eadfdb3d
 def _device(model: nn.Module) -> torch.device:
+    "The device of the model's first parameter (cpu for a model without any)."
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device('cpu')
 
@@ -112,6 +111,7 @@ def as_spec(model_or_spec) -> LoopSpec:
 
 # %% ../nbs/03a_protocol.ipynb #db9c76e7
 def _rms64(h):
+    "Each token's RMS over the last dimension, in float64."
     return h.double().pow(2).mean(-1, keepdim=True).sqrt()
 
 
@@ -255,203 +255,6 @@ def token_windows(ids, seq_len: int, batch_size: int, max_batches: int = None, d
         )
     return eval_batches(ids, batch_size, seq_len, max_batches, device=device)
 
-# %% ../nbs/03a_protocol.ipynb #3da98de4
-class _Stop(Exception):
-    "Raised by the pre-hook to end a forward pass at the loop module's first call."
-
-
-def _state_of(out, select, name):
-    "The state tensor among a loop module's outputs: `select(out)`, the first of a tuple, or the tensor itself."
-    if select is not None:
-        out = select(out)
-    elif isinstance(out, (tuple, list)):
-        out = out[0]
-    if not isinstance(out, torch.Tensor):
-        raise LoopSpecError(
-            f"{name}: the loop module returned a {type(out).__name__}, not a tensor; "
-            "pass select=lambda out: ... to pick the state."
-        )
-    return out
-
-# %% ../nbs/03a_protocol.ipynb #b83c6224
-def _first_calls(model, mods, tokens, forward_kwargs, name):
-    "(state, [(other args, kwargs) of each loop module's first call]) in model(tokens); the forward stops at the last."
-    got = [None] * len(mods)
-
-    def pre(i, args, kwargs):
-        got[i] = got[i] or (args, kwargs)
-        if i == len(mods) - 1:
-            raise _Stop
-
-    hooks = [
-        m.register_forward_pre_hook(lambda mod, a, kw, i=i: pre(i, a, kw), with_kwargs=True) for i, m in enumerate(mods)
-    ]
-    try:
-        model(tokens, **forward_kwargs)
-    except _Stop:
-        pass
-    finally:
-        for hook in hooks:
-            hook.remove()
-    if None in got:
-        raise LoopSpecError(
-            f"{name}: loop module {got.index(None)} was never called by the forward; "
-            "pass the submodule(s) the forward runs once per loop, in the order it calls them."
-        )
-    if not all(args and isinstance(args[0], torch.Tensor) for args, _ in got):
-        raise LoopSpecError(
-            f"{name}: the loop module's first positional argument must be the state tensor; "
-            "pass embed=... or write a LoopSpec."
-        )
-    return got[0][0][0], [(args[1:], kwargs) for args, kwargs in got]
-
-# %% ../nbs/03a_protocol.ipynb #9bdbbdeb
-def _check_count(n, K, name, what):
-    if n == K:
-        return
-    hint = (
-        "one more than K: Hugging Face-style hidden states put the embedding output first, which would shift "
-        "every loop label "
-        "by one — drop it, e.g. states=lambda out: out.hidden_states[1:]"
-        if n == K + 1
-        else "the forward did not run K loops — pass forward_kwargs that make it run K (e.g. dict(num_steps=K)), "
-        "or fix K"
-    )
-    raise LoopSpecError(f"{name}: {what} gave {n} states for K={K}: {hint}.")
-
-# %% ../nbs/03a_protocol.ipynb #4dd7a512
-def from_hooks(
-    model: nn.Module,
-    loop_module: nn.Module,
-    readout: Callable,
-    K: int,
-    embed: Callable = None,
-    forward_kwargs: dict = None,
-    states: Callable = None,
-    select: Callable = None,
-    steppable: bool = True,
-    state: str = '',
-    name: str = None,
-) -> LoopSpec:
-    "A `LoopSpec` for `model` from its per-loop submodule(s) `loop_module` (first argument: the state, output: next)."
-    fk, name = dict(forward_kwargs or {}), name or type(model).__name__
-    several = isinstance(loop_module, (list, tuple, nn.ModuleList))  # a loop body of several modules, in call order
-    mods = list(loop_module) if several else [loop_module]
-    if states is None and not (mods and all(isinstance(m, nn.Module) for m in mods)):
-        raise LoopSpecError(
-            f"{name}: loop_module must be the nn.Module the forward runs once per loop, or a list of the modules "
-            "it runs in turn once per loop (or pass states=...)."
-        )
-    if embed is not None and len(mods) > 1:
-        raise LoopSpecError(f"{name}: embed= serves a single loop module; with several, let the forward find H_0.")
-
-    def on_device(t):
-        return t.to(_device(model))
-
-    def trace(tokens):
-        if states is not None:
-            hs = list(states(model(on_device(tokens), **fk)))
-        else:
-            hs = []
-            hook = mods[-1].register_forward_hook(lambda mod, args, out: hs.append(_state_of(out, select, name)))
-            try:
-                model(on_device(tokens), **fk)
-            finally:
-                hook.remove()
-        _check_count(
-            len(hs), K, name, 'the forward' + (' (states=...)' if states is not None else ' (hooked loop module)')
-        )
-        return hs
-
-    if states is not None or not steppable:
-
-        def init(tokens):
-            return None, dict(states=trace(tokens))
-
-        def step(h, ctx, k):
-            if k > len(ctx['states']):
-                raise LoopSpecError(
-                    f"{name}: a recorded spec holds the {len(ctx['states'])} loops of one forward "
-                    f"pass and cannot run loop {k}; use a steppable spec to go beyond K."
-                )
-            return ctx['states'][k - 1]
-
-        why = (
-            "its states were recorded from one forward pass, so a clamped state would never reach the next loop "
-            "and the clamp "
-            "would silently change nothing; use from_hooks(..., steppable=True) with the module that receives the "
-            "state, or a LoopSpec."
-        )
-        return LoopSpec(
-            init,
-            step,
-            readout,
-            K,
-            name,
-            state or f"the recorded output of loop k of {name}'s own forward",
-            no_clamp=why,
-            trace=trace,
-            modules=(model,),
-        )
-
-    def init(tokens):
-        if embed is None:
-            h0, calls = _first_calls(model, mods, on_device(tokens), fk, name)
-        else:
-            h0, args, kwargs = embed(on_device(tokens))
-            calls = [(args, kwargs)]
-        return h0, dict(calls=[(tuple(args), dict(kwargs)) for args, kwargs in calls])
-
-    def step(h, ctx, k):
-        out = h
-        for mod, (args, kwargs) in zip(mods, ctx['calls']):
-            out = _state_of(mod(out, *args, **kwargs), select, name)
-        if out.shape != h.shape:
-            raise LoopSpecError(
-                f"{name}: the loop module maps a state of shape {tuple(h.shape)} to one of shape {tuple(out.shape)}: "
-                "its first argument is not the state it returns; hook the module that takes the state first and "
-                "returns the next state, or pass embed=..., or write a LoopSpec."
-            )
-        return out
-
-    return LoopSpec(
-        init,
-        step,
-        readout,
-        K,
-        name,
-        state or f"the output of {type(mods[-1]).__name__} at loop k, which the next loop receives",
-        trace=trace,
-        modules=(model,),
-    )
-
-# %% ../nbs/03a_protocol.ipynb #0d2f29b2
-def _ce64(logits, y):
-    "Mean next-token cross-entropy in float64."
-    return F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]), y.reshape(-1).to(logits.device)).item()
-
-
-def _depends(out, inp) -> bool:
-    "Whether autograd connects `out` to `inp` (False for a no_grad or detach in between)."
-    return (
-        out.requires_grad and torch.autograd.grad(out.sum(), inp, allow_unused=True, retain_graph=True)[0] is not None
-    )
-
-
-def _rel_diff(a, b) -> float:
-    "Relative L2 difference of two tensors, in float64."
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
-
-
-def _scale_answer(scale, tol):
-    base = next(r['ce'] for r in scale if r['alpha'] == 1.0)
-    d = max(abs(r['ce'] - base) for r in scale)
-    kind = 'scale-invariant' if d <= tol else 'scale-SENSITIVE'
-    return (
-        d <= tol,
-        f"{kind}: the CE of the final readout changes by {d:.2g} nats when H_K is halved or doubled (float64)",
-    )
-
 # %% ../nbs/03a_protocol.ipynb #6c20c4a5
 def readout_norm_at(spec, k: int, dtype=torch.float32):
     "('rmsnorm' | 'layernorm', eps) of the norm the readout applies to H_k itself at loop `k` (`spec.readout_norm`)."
@@ -470,180 +273,7 @@ def readout_norm_at(spec, k: int, dtype=torch.float32):
         f"or k -> one of those (None where the readout does not normalize H_k), got {type(n).__name__}."
     )
 
-# %% ../nbs/03a_protocol.ipynb #e1360aae
-def _hf_shifted(ctx, h1, K) -> bool:
-    "Whether step 1 returned the first of K+1 states held in the context (Hugging Face hidden states: embedding first)."
-    if isinstance(ctx, dict):
-        return any(_hf_shifted(v, h1, K) for v in ctx.values())
-    if isinstance(ctx, (list, tuple)):
-        if len(ctx) == K + 1 and all(isinstance(t, torch.Tensor) and t.shape == h1.shape for t in ctx):
-            return torch.equal(ctx[0], h1)
-        return any(_hf_shifted(v, h1, K) for v in ctx)
-    return False
-
-
-def _step_probe(spec, x) -> dict:
-    "How step 2 treats its input, each time on a fresh run: does it ignore it, is it differentiable in it."
-    with torch.no_grad():
-        runs = []
-        for push in (0.0, 1.0):  # the same H_1, then H_1 plus noise of its own size
-            h0, ctx = spec.init(x)
-            h1 = spec.step(h0, ctx, 1)
-            if not runs and _hf_shifted(ctx, h1, spec.K):
-                raise LoopSpecError(
-                    f"{spec.name}: step 1 returns the first of the {spec.K + 1} states held in the context — "
-                    "Hugging Face-style hidden states put the embedding output first, which shifts every loop label "
-                    "by one (exit 1 would be the embedding's CE); drop it (hidden_states[1:]), or return states[k] "
-                    "with states[0] as H_0."
-                )
-            noise = torch.randn(h1.shape, generator=torch.Generator().manual_seed(0)).to(h1)
-            runs.append(spec.step(h1 + push * (h1.abs().mean() + 1e-3) * noise, ctx, 2))
-    res = dict(ignores_state=torch.equal(*runs), differentiable=None)
-    if not res['ignores_state']:
-        with torch.enable_grad():
-            h0, ctx = spec.init(x)
-            h1 = spec.step(h0, ctx, 1).detach().requires_grad_()
-            res['differentiable'] = _depends(spec.step(h1, ctx, 2), h1)
-    return res
-
-# %% ../nbs/03a_protocol.ipynb #1f2eb372
-IGNORED_STATE = (
-    "its step ignores the state it is given (the loop feeds back something else: a tensor kept in the context, or "
-    "states recorded from one forward pass)"
-)
-
-
-def _check_states(spec, x, hs, res):
-    "The checks on the states of one run: the model's own forward, identical states, the step's use of its input."
-    K = spec.K
-    if spec.trace is not None:
-        with torch.no_grad():
-            tr = spec.trace(x)
-        # (a from_hooks trace checks its count itself; with K replaced, the states both have are compared)
-        res['forward_rel_diff'] = max(_rel_diff(a, b) for a, b in zip(hs, tr))
-        if res['forward_rel_diff'] > 1e-4:
-            raise LoopSpecError(
-                f"{spec.name}: the steps do not reproduce the model's own forward (relative difference "
-                f"{res['forward_rel_diff']:.2g}): the loop module's other inputs change between loops, its first "
-                "argument is not the state, step feeds a different tensor than the forward, or the model is in "
-                "training mode with dropout (call model.eval())."
-            )
-    if K > 1 and all(torch.equal(hs[0], h) for h in hs[1:]):
-        raise LoopSpecError(
-            f"{spec.name}: all {K} states are identical — the step ignores its input state and depth (e.g. an adapter "
-            "whose forward ignores exit_k/num_steps and reruns the whole model); every exit would report the same CE."
-        )
-    probe = _step_probe(spec, x) if K > 1 else dict(ignores_state=None, differentiable=None)
-    res['steps_carry_state'] = None if K == 1 else not probe['ignores_state']
-    res['steps_differentiable'] = probe['differentiable']
-    clamp_lost = ", so a clamped state would never reach the next loop and every clamp would report an effect of 0"
-    fix = "; describe the fed-back tensor as the state, or say why in LoopSpec(no_clamp=...)."
-    res['no_clamp'] = spec.no_clamp or (IGNORED_STATE + clamp_lost + fix if probe['ignores_state'] else '')
-    if probe['differentiable'] is False:
-        raise LoopSpecError(
-            f"{spec.name}: step 2 uses its input state but is not differentiable in it (no_grad or detach inside "
-            "step); the objective's radial fraction needs gradients through later loops."
-        )
-
-# %% ../nbs/03a_protocol.ipynb #75fed861
-def _check_rows(spec, hs, ctx, res):
-    "One sequence's readout (and step) with its sliced context must equal its row of the whole batch's."
-    if hs[0].shape[0] < 2:
-        return
-    K, rows = spec.K, slice(0, 1)
-    part = slice_context(spec, ctx, rows, hs[-1])
-    with torch.no_grad():
-        d = _rel_diff(spec.readout(hs[-1][rows], part, K), spec.readout(hs[-1], ctx, K)[rows])
-        if res['steps_carry_state'] and K > 1:
-            d = max(d, _rel_diff(spec.step(hs[-2][rows], part, K), hs[-1][rows]))
-    res['slice_rel_diff'] = d
-    if d > 1e-4:
-        raise LoopSpecError(
-            f"{spec.name}: one sequence run with its part of the context differs from its row of the whole batch "
-            f"(relative difference {d:.2g}): the context holds per-sequence data the probe cannot see (not a tensor "
-            "with the batch first), or the callables mix sequences; pass LoopSpec(slice_ctx=(ctx, rows) -> ctx)."
-        )
-
-# %% ../nbs/03a_protocol.ipynb #8235fcef
-def _check_readout(spec, hs, ctx, y, res):
-    "The readout: its dependence on k, its gradient in the state, and the float64 CE of H_K scaled."
-    K = spec.K
-    with torch.no_grad():
-        ref = spec.readout(hs[-1], ctx, K)
-        res['readout_uses_k'] = any(not torch.equal(spec.readout(hs[-1], ctx, k), ref) for k in range(1, K))
-    if res['readout_uses_k'] and not spec.readout_uses_k:
-        raise LoopSpecError(
-            f"{spec.name}: the readout of the same state changes with k, but the spec says it does not; set "
-            "readout_uses_k=True if that is meant (e.g. a norm at the final loop only), else make readout ignore k."
-        )
-    with torch.enable_grad():
-        h = hs[-1].detach().requires_grad_()
-        logits = spec.readout(h, ctx, K)
-        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1).to(h.device))
-        if not _depends(ce, h):
-            raise LoopSpecError(
-                f"{spec.name}: the readout's CE does not depend differentiably on the state (no_grad or detach "
-                "inside readout); radial fractions need d CE / d H_k."
-            )
-        del logits, ce
-    with torch.no_grad():
-        res['scale'] = [dict(alpha=a, ce=_ce64(spec.readout(a * hs[-1], ctx, K), y)) for a in (0.5, 1.0, 2.0)]
-        res['ce'] = [_ce64(spec.readout(h, ctx, k), y) for k, h in enumerate(hs, 1)]
-
-# %% ../nbs/03a_protocol.ipynb #47908be4
-def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
-    "Run `spec` on `tokens` and raise `LoopSpecError` for the silent mistakes; return what was measured (see above)."
-    spec = as_spec(spec)
-    x = _as_tokens(tokens)
-    if targets is None:
-        if x.shape[1] < 2:
-            raise LoopSpecError("check_spec needs sequences of >= 2 tokens (targets are the next tokens), or targets=")
-        x, y = x[:, :-1], x[:, 1:]
-    else:
-        y = _as_tokens(targets)
-    if not spec.state:
-        raise LoopSpecError(
-            f"{spec.name}: say which tensor H_k is, e.g. LoopSpec(..., state='the residual stream after loop k, "
-            "before the readout norm'); the diagnostics' results depend on it."
-        )
-    K, res = spec.K, dict(name=spec.name, state=spec.state, K=spec.K)
-    hs, ctx = run_loops(spec, x, K)
-    _check_states(spec, x, hs, res)
-    _check_rows(spec, hs, ctx, res)
-    _check_readout(spec, hs, ctx, y, res)
-    res['scale_invariant'], res['answer'] = _scale_answer(res['scale'], scale_tol)
-    if readout_norm_at(spec, K) and not res['scale_invariant']:
-        raise LoopSpecError(
-            f"{spec.name}: readout_norm says the readout normalizes H_K, but it is not scale-invariant "
-            f"({res['answer']}); the lemma's prediction would be wrong — set readout_norm only where the norm is "
-            "applied to the state itself."
-        )
-    _memo(spec)['verdict'] = res
-    return res
-
-# %% ../nbs/03a_protocol.ipynb #43a40b1c
-def checked_spec(spec, tokens, targets=None) -> dict:
-    "`check_spec`'s verdict, measured once per spec object (a refusal is raised again): the guard of every diagnostic."
-    spec, memo = as_spec(spec), _memo(as_spec(spec))
-    if 'refused' in memo:
-        raise LoopSpecError(memo['refused'])
-    if 'verdict' not in memo:
-        try:
-            check_spec(spec, tokens, targets)
-        except LoopSpecError as e:
-            memo['refused'] = str(e)
-            raise
-    return memo['verdict']
-
-# %% ../nbs/03a_protocol.ipynb #de587ae2
-def guarded_spec(obj, tokens, seq_len: int, device='cpu', K: int = None) -> LoopSpec:
-    "The spec of `obj` (run for `K` loops if given), checked once per spec object on the first window of `tokens`."
-    spec = as_spec(obj) if K is None else dataclasses.replace(as_spec(obj), K=K)
-    x, y = next(iter(token_windows(tokens, seq_len, 2, 1, device)))
-    checked_spec(spec, x, y)  # raises LoopSpecError, naming the cause, before any expensive work
-    return spec
-
-
+# %% ../nbs/03a_protocol.ipynb #0fd01b2e
 def readout_pieces(spec, h, ctx, k, chunk: int):
     "(rows, logits) of the readout of `h` at loop `k`, `chunk` tokens at a time (whole sequences; 0: all at once)."
     B, T = h.shape[:2]

@@ -19,13 +19,13 @@ from .rundir import RunDirError, run_status, latest_checkpoint, load_run, read_j
 from .diagnostics import eval_exits, token_norms, norm_stats, radial_fractions
 from .reports import DIAG_VERSION, radial_scale_of, checkpoint_id, matches_key
 from .protocol import as_spec
-from .variants import VARIANTS, check_variants, check_seeds
+from .variants import VARIANTS, check_variants, check_seeds, AT_RISK
 from .tables import to_markdown
 from .ablation import repo_root, check_folder, job_data, run_study_jobs, study_lock
 from .growth import fit_growth, growth_row, short_number, fit_sentence, carry_sentence
 
 # %% auto #0
-__all__ = ['AT_RISK', 'CONTROLS', 'RECIPES', 'AXES', 'GRIDS', 'REFERENCE', 'SCALING_VERSION', 'MD_COLUMNS', 'Axis', 'Point',
+__all__ = ['CONTROLS', 'RECIPES', 'AXES', 'GRIDS', 'REFERENCE', 'SCALING_VERSION', 'MD_COLUMNS', 'Axis', 'Point',
            'scaling_points', 'Grid', 'train_flops', 'estimate_seconds', 'Job', 'Plan', 'scaling_run_dir',
            'scaling_dirs', 'check_scaling', 'measure_key', 'read_measure', 'measure_run', 'train_seconds', 'train_job',
            'measure_columns', 'job_row', 'add_c6', 'scaling_table', 'axis_rows', 'growth_table', 'wall_seconds',
@@ -33,7 +33,6 @@ __all__ = ['AT_RISK', 'CONTROLS', 'RECIPES', 'AXES', 'GRIDS', 'REFERENCE', 'SCAL
            'published_table']
 
 # %% ../nbs/07_scaling.ipynb #9e3cef37
-AT_RISK = 'perloop-rmsnorm'  # per-loop CE through RMSNorm readouts: the at-risk setting
 CONTROLS = ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty')  # its scale-controlled counterparts
 
 RECIPES = {  # the lr_wd axis: named optimiser recipes, as overrides of the centre

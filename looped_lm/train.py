@@ -5,17 +5,18 @@ run directory that records everything the blind spot shows up in."""
 
 # %% ../nbs/03_train.ipynb #f226ccad
 from __future__ import annotations
-import argparse, json, math, os, shutil, sys, time, warnings
+import json, math, os, shutil, time, warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 import torch, torch.nn as nn
 import torch.distributed as dist
-from .config import ExperimentConfig, ConfigError, load_preset, list_presets, parse_values
+from .config import ExperimentConfig, ConfigError
 from .model import LoopedLM, LoopedLMConfig, train_flops_per_token
 from .lemmas import radial_fraction
-from .files import LockedError, WriteError, write_atomic, sweep_stale_tmp
-from .data import DataNotFoundError, prepare_data, get_batch, eval_batches, TokenData, window_batch
+from .progress import Progress, Guard
+from .files import write_atomic, sweep_stale_tmp
+from .data import prepare_data, get_batch, eval_batches, TokenData, window_batch
 from looped_lm.rundir import (
     RunDirError, set_status, run_status, expected_records, _parse_metrics, read_metrics, _missing, append_metrics,
     data_record, save_checkpoint, latest_checkpoint, load_checkpoint, run_lock, _check_identity, _check_data,
@@ -24,8 +25,9 @@ from looped_lm.rundir import (
 # %% auto #0
 __all__ = ['norm_penalty', 'objective', 'param_groups', 'make_optimizer', 'lr_at', 'train_batch', 'TrainingError',
            'resolve_device', 'autocast', 'world', 'init_distributed', 'hidden_norm_summary', 'overflow_margin',
-           'evaluate', 'train', 'RunResult', 'open_run', 'Progress', 'Guard', 'Run', 'check_resume', 'start_run',
-           'train_step', 'check_finite', 'log_step', 'checkpoint_step', 'finish', 'parse_sets', 'train_cli']
+           'evaluate', 'train', 'RunResult', 'open_run', 'Run', 'check_resume', 'restore_model', 'record_start',
+           'start_run', 'train_step', 'check_finite', 'step_record', 'warn_overflow', 'log_step', 'checkpoint_step',
+           'finish', 'run_steps']
 
 # %% ../nbs/03_train.ipynb #5cb2a61f
 def norm_penalty(hidden: list) -> torch.Tensor:
@@ -169,11 +171,7 @@ def train(
         raise ConfigError(f"max_steps must be a positive integer (or None for the whole budget), got {max_steps!r}.")
     rank, world_size = init_distributed()
     device = resolve_device(cfg)
-    if cfg.batch_size % world_size:
-        raise ConfigError(
-            f"{cfg.name}: batch_size {cfg.batch_size} does not split over {world_size} ranks; "
-            f"use a multiple of {world_size}."
-        )
+    _check_batch_split(cfg, world_size)
     if data is not None:
         _check_fits(cfg, data)
     with run_lock(run_dir, rank):
@@ -183,14 +181,17 @@ def train(
         _check_fits(cfg, data)
         _check_data(run_dir, data)
         run = start_run(cfg, run_dir, data, device, rank, world_size, max_steps, progress, label)
-        while run.step < run.last:
-            obj, out, gnorm = train_step(run)
-            if run.is_log_step(run.step):
-                log_step(run, obj, out, gnorm)
-            if run.is_ckpt_step(run.step):
-                checkpoint_step(run)
-            run.progress.tick(run.step)
+        run_steps(run)
         return finish(run)
+
+# %% ../nbs/03_train.ipynb #5e4f47ab
+def _check_batch_split(cfg: ExperimentConfig, world_size: int):
+    "Refuse a global batch that does not split evenly over the ranks."
+    if cfg.batch_size % world_size:
+        raise ConfigError(
+            f"{cfg.name}: batch_size {cfg.batch_size} does not split over {world_size} ranks; "
+            f"use a multiple of {world_size}."
+        )
 
 # %% ../nbs/03_train.ipynb #b3b4838f
 @dataclass
@@ -246,80 +247,6 @@ def open_run(cfg: ExperimentConfig, run_dir: Path, data: TokenData | None, rank:
             _check_data(run_dir, data)
         return _result(run_dir)
 
-# %% ../nbs/03_train.ipynb #9212eefe
-class Progress:
-    "Plain progress lines, for a terminal and papermill alike: about every 10% of the steps, at least every `every_s`."
-
-    def __init__(self, label: str, start: int, last: int, total: int, enabled: bool = True, every_s: float = 30.0):
-        self.label, self.start, self.last, self.total, self.on, self.every_s = (
-            label,
-            start,
-            last,
-            total,
-            enabled,
-            every_s,
-        )
-        self.every, self.t0, self.t_print, self.loss, self.norm = (
-            max(1, round(total / 10)),
-            time.time(),
-            time.time(),
-            None,
-            None,
-        )
-
-    def note(self, loss: float, norm: float):
-        "Remember the last logged loss and final-loop norm, for the next progress line."
-        self.loss, self.norm = loss, norm
-
-    def tick(self, step: int):
-        "Print a progress line if `step` is due one (every ~10% of the steps, the last step, or `every_s` passed)."
-        now = time.time()
-        if not self.on or not (step % self.every == 0 or step == self.last or now - self.t_print >= self.every_s):
-            return
-        el = now - self.t0
-        left = el / (step - self.start) * (self.last - step) if step > self.start else float('nan')
-        f = lambda x, fmt: '-' if x is None else format(x, fmt)
-        print(
-            f"{self.label} | step {step}/{self.total} | loss {f(self.loss, '.4f')} | "
-            f"final-loop norm {f(self.norm, '.4g')} | "
-            f"{_hms(el)} elapsed, {_hms(left)} left",
-            flush=True,
-        )
-        self.t_print = now
-
-# %% ../nbs/03_train.ipynb #70cdc7cf
-def _hms(s: float) -> str:
-    return '?' if not math.isfinite(s) else f"{int(s) // 3600}:{int(s) // 60 % 60:02d}:{int(s) % 60:02d}"
-
-
-class Guard:
-    "The divergence guard's flags, on the device: at the first non-finite step, [loss, grad norm, loop 1..K], the step."
-
-    def __init__(self, K: int, device):
-        self.bad, self.first = (
-            torch.zeros(K + 2, dtype=torch.bool, device=device),
-            torch.full((), -1, dtype=torch.long, device=device),
-        )
-
-    def flag(self, step: int, flags: torch.Tensor):
-        "Keep `flags` and `step` if this is the first step with a non-finite value (on the device, no host sync)."
-        new = flags.any() & (self.first < 0)  # no host sync: the flags are read at log and checkpoint steps
-        self.bad, self.first = torch.where(new, flags, self.bad), torch.where(new, step, self.first)
-
-    def verdict(self, world_size: int):
-        "(first non-finite step, its flags) agreed by every rank, or None while all is finite."
-        fb, bd = self.first, self.bad
-        if (
-            world_size > 1
-        ):  # every rank takes the same decision: the earliest step any rank flagged, and what it flagged
-            big = torch.iinfo(torch.long).max
-            fb = torch.where(fb < 0, big, fb)
-            dist.all_reduce(fb, op=dist.ReduceOp.MIN)
-            bd = bd.to(torch.int32)
-            dist.all_reduce(bd, op=dist.ReduceOp.MAX)
-            fb = torch.where(fb == big, -1, fb)
-        return None if fb.item() < 0 else (int(fb), bd.tolist())
-
 # %% ../nbs/03_train.ipynb #afcbd5fe
 @dataclass
 class Run:
@@ -352,9 +279,8 @@ class Run:
     @property
     def local(self) -> slice:
         "This rank's rows of the global batch."
-        return slice(
-            self.rank * self.cfg.batch_size // self.world_size, (self.rank + 1) * self.cfg.batch_size // self.world_size
-        )
+        b, r, w = self.cfg.batch_size, self.rank, self.world_size
+        return slice(r * b // w, (r + 1) * b // w)
 
     def is_log_step(self, s: int) -> bool:
         "Whether step `s` writes a train record: every `log_every` steps and the budget's last."
@@ -395,6 +321,23 @@ def check_resume(run_dir: Path, cfg: ExperimentConfig):
         recs = []
     write_atomic(p, ''.join(json.dumps(r) + '\n' for r in recs))
 
+# %% ../nbs/03_train.ipynb #820a884d
+def restore_model(cfg: ExperimentConfig, run_dir: Path, data: TokenData, device) -> tuple:
+    "(model, optimiser, data generator, step): initialised from the seed, then restored from the newest checkpoint."
+    torch.manual_seed(cfg.seed)
+    model = LoopedLM(LoopedLMConfig.from_experiment(cfg)).to(device)
+    opt, gen = make_optimizer(model, cfg, device), torch.Generator().manual_seed(cfg.seed + 1)
+    ckpt = latest_checkpoint(run_dir)
+    step = load_checkpoint(ckpt, model, opt, gen, cfg, data) if ckpt is not None else 0
+    return model, opt, gen, step
+
+
+def record_start(cfg: ExperimentConfig, run_dir: Path, data: TokenData, step: int):
+    "Write the run's identity (`config.json`, `data.json`) and mark it `running` at `step` (rank 0)."
+    write_atomic(run_dir / 'config.json', json.dumps(cfg.to_dict(), indent=1))
+    write_atomic(run_dir / 'data.json', json.dumps(data_record(data), indent=1))
+    set_status(run_dir, 'running', step)
+
 # %% ../nbs/03_train.ipynb #07597a84
 def start_run(
     cfg, run_dir: Path, data: TokenData, device, rank: int, world_size: int, max_steps, progress: bool, label
@@ -403,15 +346,9 @@ def start_run(
     if rank == 0:
         check_resume(run_dir, cfg)
     _barrier(world_size)
-    torch.manual_seed(cfg.seed)
-    model = LoopedLM(LoopedLMConfig.from_experiment(cfg)).to(device)
-    opt, gen = make_optimizer(model, cfg, device), torch.Generator().manual_seed(cfg.seed + 1)
-    ckpt = latest_checkpoint(run_dir)
-    step = load_checkpoint(ckpt, model, opt, gen, cfg, data) if ckpt is not None else 0
+    model, opt, gen, step = restore_model(cfg, run_dir, data, device)
     if rank == 0:
-        write_atomic(run_dir / 'config.json', json.dumps(cfg.to_dict(), indent=1))
-        write_atomic(run_dir / 'data.json', json.dumps(data_record(data), indent=1))
-        set_status(run_dir, 'running', step)
+        record_start(cfg, run_dir, data, step)
     if cfg.compile:
         model.loop = torch.compile(model.loop)  # one graph for the shared stack, whatever the exit depth
     net = nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
@@ -507,9 +444,8 @@ def _over_ranks(run: Run, objv, losses, radial, norms, margin):
     return mean[0], mean[1 : 1 + nl], mean[1 + nl : 1 + nl + K], norms, mx[0]
 
 # %% ../nbs/03_train.ipynb #606aa8a5
-def log_step(run: Run, obj, out, gnorm):
-    "Check the guard, then append the step's train record to `metrics.jsonl` and note it for the progress line."
-    check_finite(run)
+def step_record(run: Run, obj, out, gnorm) -> dict:
+    "The train record of this log step: per-loop CE, norms and radial fraction, and the step's other measurements."
     cfg = run.cfg
     losses = out.losses.detach().float().tolist()
     norms = [hidden_norm_summary(h) for h in out.hidden]
@@ -519,7 +455,7 @@ def log_step(run: Run, obj, out, gnorm):
         objv, losses, radial, norms, margin = _over_ranks(run, objv, losses, radial, norms, margin)
     dt, n_tok = time.time() - run.t0, (run.step - run.s0) * cfg.batch_size * cfg.seq_len
     flops = train_flops_per_token(run.model.config, cfg.seq_len, cfg.loss)
-    rec = dict(
+    return dict(
         kind='train',
         step=run.step,
         lr=run.lr,
@@ -532,15 +468,26 @@ def log_step(run: Run, obj, out, gnorm):
         mfu=n_tok * flops / dt / (989e12 * run.world_size) if run.device.type == 'cuda' else None,
         overflow_margin=margin,
     )
+
+# %% ../nbs/03_train.ipynb #081ebb20
+def warn_overflow(run: Run, margin: float):
+    "Warn when the hidden norms reach more than 1e-3 of what the training dtype can hold."
     if margin > 1e-3:
         warnings.warn(
-            f"Run {run.run_dir.name} ({cfg.name}) step {run.step}: hidden norms reach {margin:.1e} of the "
-            f"{cfg.dtype} range; they will overflow if the drift continues "
+            f"Run {run.run_dir.name} ({run.cfg.name}) step {run.step}: hidden norms reach {margin:.1e} of the "
+            f"{run.cfg.dtype} range; they will overflow if the drift continues "
             "(add a norm penalty or inter-loop normalization)."
         )
+
+
+def log_step(run: Run, obj, out, gnorm):
+    "Check the guard, then append the step's train record to `metrics.jsonl` and note it for the progress line."
+    check_finite(run)
+    rec = step_record(run, obj, out, gnorm)
+    warn_overflow(run, rec['overflow_margin'])
     if run.main:
         append_metrics(run.run_dir, rec)
-    run.progress.note(losses[-1], norms[-1]['mean'])
+    run.progress.note(rec['loss'][-1], rec['norm'][-1]['mean'])
     run.t0, run.s0 = time.time(), run.step
     return rec
 
@@ -563,51 +510,13 @@ def finish(run: Run) -> RunResult:
     _barrier(run.world_size)
     return _result(run.run_dir)
 
-# %% ../nbs/03_train.ipynb #172a2116
-def parse_sets(preset: str, sets: list) -> dict:
-    "`key=value` strings -> typed overrides of `preset`, checked as `settings.ini` values are (`parse_values`)."
-    pairs = {}
-    for s in sets or []:
-        key, eq, raw = s.partition('=')
-        if not eq or not key.strip():
-            raise ConfigError(f"--set {s!r}: expected key=value, e.g. --set lr=3e-4.")
-        if key.strip() == 'name':
-            raise ConfigError("--set name: the preset's name is not a setting; choose the preset instead.")
-        pairs[key.strip()] = raw.strip()
-    return parse_values(preset, pairs, where='--set')
-
-# %% ../nbs/03_train.ipynb #887b9294
-def train_cli(argv: list = None):
-    "`looped-lm-train PRESET RUN_DIR [--set key=value ...] [--data-dir DIR]`: train a preset, resuming a stopped run."
-    ap = argparse.ArgumentParser(
-        prog='looped-lm-train',
-        description='Train a preset of settings.ini into a run directory (resumed if interrupted).',
-    )
-    ap.add_argument('preset', help='a section of settings.ini')
-    ap.add_argument('run_dir', help='where the run lives (resumed if it exists)')
-    ap.add_argument(
-        '--set',
-        dest='sets',
-        action='append',
-        default=[],
-        metavar='KEY=VALUE',
-        help='override a preset key (repeatable)',
-    )
-    ap.add_argument(
-        '--data-dir',
-        '--data_dir',
-        dest='data_dir',
-        default=None,
-        help='a local copy of the corpus (default: $LOOPED_LM_DATA, else the Hub)',
-    )
-    a = ap.parse_args(argv)
-    try:
-        if not a.preset.strip():
-            raise ConfigError(f"PRESET is empty; choose one of {', '.join(list_presets())}.")
-        if not a.run_dir.strip():
-            raise ConfigError("RUN_DIR is empty; give the folder the run lives in, e.g. runs/smoke.")
-        r = train(load_preset(a.preset, **parse_sets(a.preset, a.sets)), a.run_dir, data_dir=a.data_dir)
-    except (ConfigError, RunDirError, TrainingError, LockedError, DataNotFoundError, WriteError) as e:
-        sys.exit(f"looped-lm-train: {type(e).__name__}: {' '.join(str(e).split())}")  # one line, no traceback
-    if world()[0] == 0:
-        print(f"{r.run_dir}: {r.status} at step {r.steps}")
+# %% ../nbs/03_train.ipynb #3e529c3d
+def run_steps(run: Run):
+    "Train until this call's last step: one step at a time, logging, checkpointing and printing progress when due."
+    while run.step < run.last:
+        obj, out, gnorm = train_step(run)
+        if run.is_log_step(run.step):
+            log_step(run, obj, out, gnorm)
+        if run.is_ckpt_step(run.step):
+            checkpoint_step(run)
+        run.progress.tick(run.step)

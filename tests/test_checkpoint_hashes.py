@@ -134,7 +134,7 @@ def test_an_old_checkpoint_is_hashed_once_then_checked(run, smoke_data):
 LIMITED = """
 import resource, signal, sys
 from looped_lm.config import load_preset
-from looped_lm.train import train_cli
+from looped_lm.cli import train_cli
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing us
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
 train_cli(['smoke', sys.argv[1], '--set', 'ckpt_every=10'])

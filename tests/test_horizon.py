@@ -1,5 +1,5 @@
 """The horizon study (nbs/08_horizon.ipynb): the paper's clock, grids and plans, the three analyses on synthetic
-tables whose answer is known, the record file, and the tiny grid end to end.
+tables whose answer is known (nbs/08a_horizon_analysis.ipynb), the record file, and the tiny grid end to end.
 
 The tiny grid trains 8 runs of 32 steps in segments to log-spaced checkpoints, keeps and measures each; segmented
 training gives the weights of one uninterrupted run; a rerun trains and measures nothing; a record of another
@@ -12,25 +12,27 @@ import pytest
 from looped_lm.config import ConfigError, load_preset
 from looped_lm.train import train
 from looped_lm.rundir import latest_checkpoint
-from looped_lm.scaling import AT_RISK
+from looped_lm.variants import AT_RISK
 from looped_lm.horizon import (
-    CLOCKS,
     HORIZON_GRIDS,
-    PAPER_CLOCK,
-    PAPER_DRIFT_RMS,
     RECORDS,
     _check_arms,
     cached_record,
     check_horizon,
     checkpoint_steps,
     clock_of,
-    collapse_test,
-    dose_response,
-    drift_law,
     horizon_key,
     put_record,
     read_records,
     run_horizon,
+)
+from looped_lm.horizon_analysis import (
+    CLOCKS,
+    PAPER_CLOCK,
+    PAPER_DRIFT_RMS,
+    collapse_test,
+    dose_response,
+    drift_law,
     synthetic_horizon,
 )
 

@@ -20,8 +20,12 @@ LAYERS = [
     ['tokenizer'],  # text to ids and back (02a): the BPE and the official regex tokenizer; writes with files
     ['data'],
     ['rundir'],
+    ['progress'],  # the progress line and the divergence guard (03e), below the trainer that owns them
     ['train'],
+    ['cli'],  # the `looped-lm-train` command (03d), above the trainer it runs
     ['protocol'],
+    ['spec_checks'],  # the trust checks of a loop spec and the guard of every diagnostic (03b)
+    ['hooks'],  # from_hooks: a spec read out of an outside model through forward hooks (03c)
     ['halting'],  # calibrated adaptive halting (04c), below the diagnostics that report it
     ['reports'],  # a diagnostics report, its tables and its cache (04d), below the diagnostics that measure it
     ['diagnostics'],
@@ -30,6 +34,7 @@ LAYERS = [
     ['hub'],
     ['jobs'],  # one job per run (submitit), below the studies that submit them
     ['growth'],  # power-law fits of the drift and their intervals (07b), shared by the scaling and horizon studies
+    ['horizon_analysis'],  # the horizon table's three analyses (08a), below the horizon study that writes the table
     ['ablation', 'scaling', 'horizon'],  # studies
     ['figures', 'scaling_figures'],  # figures from results folders (the scaling grid's from 07a)
 ]

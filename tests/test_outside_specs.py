@@ -10,7 +10,9 @@ import copy, dataclasses
 import pytest
 import torch, torch.nn as nn, torch.nn.functional as F
 
-from looped_lm.protocol import LoopSpec, LoopSpecError, check_spec, context_layout, from_hooks, run_loops
+from looped_lm.protocol import LoopSpec, LoopSpecError, context_layout, run_loops
+from looped_lm.spec_checks import check_spec
+from looped_lm.hooks import from_hooks
 from looped_lm.reports import DiagnosticReport
 from looped_lm.diagnostics import (
     angle_scaling,

@@ -19,7 +19,7 @@ from _util import assert_same_run
 
 OV = dict(ckpt_every=10)  # smoke: 96 steps, a train record every 5 steps, a checkpoint every 10
 CFG = load_preset('smoke', **OV)
-CLI = 'from looped_lm.train import train_cli; train_cli()'  # what the `looped-lm-train` entry point runs
+CLI = 'from looped_lm.cli import train_cli; train_cli()'  # what the `looped-lm-train` entry point runs
 
 
 def cli(*args) -> list:
