@@ -11,7 +11,8 @@ import torch, torch.nn as nn, torch.nn.functional as F
 from looped_lm.config import ExperimentConfig, load_preset
 from looped_lm.model import LoopedLMConfig, forward_flops_per_token
 from looped_lm.model import LoopedLM, train_flops_per_token, num_params  # noqa: F401 (for run_cpu, gpu_check)
-from looped_lm.train import objective, make_optimizer, autocast
+from looped_lm.objective import objective, make_optimizer
+from looped_lm.devices import autocast
 
 HERE = Path(__file__).resolve().parent
 RESULTS, SCRATCH = HERE / 'results', HERE / '_out'

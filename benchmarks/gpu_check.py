@@ -42,7 +42,8 @@ from bench_lib import (
 from looped_lm.config import load_preset
 from looped_lm.data import TokenData
 from looped_lm.rundir import read_metrics
-from looped_lm.train import train, autocast
+from looped_lm.train import train
+from looped_lm.devices import autocast
 
 PEAK_FLOPS = 989e12  # H100/H200 SXM dense bf16, as the trainer's MFU
 med = statistics.median

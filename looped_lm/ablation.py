@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from .config import ExperimentConfig, ConfigError, load_preset, settings_path
 from .data import prepare_data, write_atomic, dir_lock, sweep_stale_tmp, LockedError
-from .train import train, TrainingError, resolve_device
+from .train import train, TrainingError
+from .devices import resolve_device
 from .rundir import run_status, read_metrics
 from .diagnostics import diagnose_run, exit_throughput
 from .reports import current_report, DIAG_VERSION

@@ -16,9 +16,8 @@ from .variants import VARIANTS
 from .tables import dig, _fmt, _md, read_run_records, read_throughput, write_tables
 
 # %% auto #0
-__all__ = ['MARGINS', 'HALT_POLICY', 'CLAMP_MODES', 'LEMMA_FIELDS', 'NO_LEMMA', 'CLAIMS', 'SECTIONS', 'unaligned_cos',
-           'synthetic_record', 'synthetic_study', 'measures', 'claim_set', 'claims', 'claims_markdown', 'write_claims',
-           'rebuild']
+__all__ = ['MARGINS', 'HALT_POLICY', 'CLAMP_MODES', 'LEMMA_FIELDS', 'NO_LEMMA', 'CLAIMS', 'SECTIONS', 'unaligned_cos', 'measures',
+           'claim_set', 'claims', 'claims_markdown', 'write_claims', 'rebuild']
 
 # %% ../nbs/05c_claims.ipynb #41a37bd4
 MARGINS = dict(
@@ -70,108 +69,6 @@ def _put(out: dict, key: str, f):
         out[key] = float(f())
     except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):
         pass
-
-# %% ../nbs/05c_claims.ipynb #9eef35d5
-def synthetic_record(
-    variant,
-    seed,
-    norm=10.0,
-    radial=1e-9,
-    ppl=(45, 43, 42, 41),
-    clamp_ratio=1.0,
-    median=None,
-    hill=2.0,
-    halt_loops=3.0,
-    growth=1.5,
-    width=128,
-    cot=None,
-    lemma_ratio=1.0,
-    status='done',
-) -> dict:
-    """A made-up finished run with every diagnostic the tables and claims read, for checks and tests: final-loop norm
-    `norm` (median `median`), ‖H_K‖/‖H_1‖ = `growth`, readout radial fraction `radial` (a normalized readout's
-    scale eps/mean(H^2) set so that radial/scale = `cot`, default 2·sqrt(2/(pi d)); its median per-token measured /
-    exact `lemma_ratio`, None: a report older than diagnostics v5, without it), PPL per exit, and the clamp's PPL@K
-    ratio `clamp_ratio` (one number, or {mode: ratio})."""
-    K, ce = len(ppl), [math.log(p) for p in ppl]
-    ratio = clamp_ratio if isinstance(clamp_ratio, dict) else dict.fromkeys(CLAMP_MODES, clamp_ratio)
-    norms = [norm * growth ** ((k - K) / max(K - 1, 1)) for k in range(1, K + 1)]
-    nrm = VARIANTS[variant].final_readout_normalized
-    scale = radial / (cot or 2 * unaligned_cos(width)) if nrm else None
-    row = dict(readout=radial, objective=radial, predicted=scale)  # as diagnostics v4 wrote it
-    if lemma_ratio is not None:  # as diagnostics v5+ write it: the lemma per token, for a normalized readout
-        lemma = dict(exact=radial / lemma_ratio, ratio_p05=0.9 * lemma_ratio, ratio_p50=lemma_ratio)
-        lemma.update(ratio_p95=1.1 * lemma_ratio, cot_median=cot or 2 * unaligned_cos(width))
-        row = dict(readout=radial, readout_whole=radial, objective=radial, scale=scale)
-        row.update({k: v if nrm else None for k, v in lemma.items()})
-    stats = lambda k, n: dict(
-        k=k,
-        n_tokens=1000,
-        mean=n,
-        median=(median or norm) * n / norm,
-        p99=2 * n,
-        max=3 * n,
-        sd=n / 10,
-        min=n / 5,
-        hill=hill,
-        tail_ratio=2.5,
-        hist=[1, 2, 1],
-        edges=[n / 5, n, 2 * n, 3 * n],
-    )
-    clamp = lambda r: [
-        dict(
-            k=k,
-            ce=c + math.log(r) * (k == K),
-            ppl=math.exp(c) * r ** (k == K),
-            norm_l2=n,
-            norm_rms=n / math.sqrt(width),
-        )
-        for k, (c, n) in enumerate(zip(ce, norms), 1)
-    ]
-    diag = dict(
-        exits={
-            s: [dict(k=k, ce=c, ppl=math.exp(c), bpb=c / 2) for k, c in enumerate(ce, 1)]
-            for s in ('validation', 'test')
-        },
-        norms=[stats(k, n) for k, n in enumerate(norms, 1)],
-        radial=[dict(k=k, **row) for k in range(1, K + 1)],
-        clamp={'none': clamp(1.0), **{m: clamp(ratio.get(m, 1.0)) for m in CLAMP_MODES}},
-        scale=[dict(alpha=a, ce=ce[-1], ppl=ppl[-1]) for a in (0.5, 1.0, 2.0)],
-        lemma2=[dict(k=k, s=norm * k / K, a=1.0, du=K / (norm * k), du_times_s=1.0) for k in range(1, 3 * K)],
-        halting=[
-            dict(
-                policy=p,
-                granularity=g,
-                threshold=0.5,
-                avg_loops=halt_loops,
-                ppl=ppl[-1] * 1.005,
-                ppl_ratio=1.005,
-                fixed_ppl=ppl[-1],
-            )
-            for p in ('max_prob', 'logit_margin')
-            for g in ('sequence', 'token')
-        ],
-    )
-    return dict(
-        variant=variant,
-        seed=seed,
-        status=status,
-        run_dir='',
-        message='',
-        radial_train=radial,
-        diag=diag if status == 'done' else {},
-    )
-
-# %% ../nbs/05c_claims.ipynb #724a98d1
-def synthetic_study(seeds=(0, 1), variants=None, **change) -> list:
-    """`synthetic_record`s of `variants` (default: all) x `seeds` in which every claim holds by a wide margin;
-    `change={variant: {argument: value}}` alters one variant in every seed."""
-    at_risk = dict(norm=1e4, radial=1e-9, ppl=(50, 49.9, 49.9, 49.8), growth=3.0, halt_loops=1.2)
-    spec = {v: dict(at_risk) if not VARIANTS[v].scale_controlled else dict(halt_loops=3.0) for v in VARIANTS}
-    for v in ('terminal-raw', 'perloop-raw'):
-        spec[v]['radial'] = 0.1
-    spec['internorm'].update(norm=1e3, growth=0.9)  # large, but not growing across loops: judged on growth
-    return [synthetic_record(v, s, **{**spec[v], **change.get(v, {})}) for s in seeds for v in (variants or VARIANTS)]
 
 # %% ../nbs/05c_claims.ipynb #c253bf30
 def measures(rec) -> dict:

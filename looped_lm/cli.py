@@ -10,7 +10,8 @@ from .config import ConfigError, load_preset, list_presets, parse_values
 from .files import LockedError, WriteError
 from .data import DataNotFoundError
 from .rundir import RunDirError
-from .train import train, TrainingError, world
+from .train import train, TrainingError
+from .devices import world
 
 # %% auto #0
 __all__ = ['parse_sets', 'train_cli']

@@ -13,11 +13,14 @@ from .config import ExperimentConfig, ConfigError, load_preset
 from .data import prepare_data
 from .files import write_atomic, dir_lock
 from .model import LoopedLM, LoopedLMConfig
-from .train import train, TrainingError, lr_at, resolve_device
+from .train import train, TrainingError
+from .objective import lr_at
+from .devices import resolve_device
 from .rundir import RunDirError, run_status, latest_checkpoint, verify_checkpoint
 from looped_lm.diagnostics import (
-    loop_scores, norm_stats, radial_fractions, clamp_modes, adaptive_halting
+    loop_scores, norm_stats, clamp_modes, adaptive_halting
 )
+from .radial import radial_fractions
 from .reports import checkpoint_id, matches_key, DIAG_VERSION
 from .protocol import as_spec
 from .variants import VARIANTS, GROUPS, check_variants, check_seeds
@@ -26,7 +29,8 @@ from .claims import HALT_POLICY, measures
 from looped_lm.ablation import (
     check_folder, check_spawn_guard, default_workers, job_data, repo_root, run_study_jobs, study_lock,
 )
-from .scaling import add_c6, train_flops
+from .scaling import add_c6
+from .scaling_grid import train_flops
 from .variants import AT_RISK
 from .horizon_analysis import CLOCKS, collapse_test, dose_response, drift_law
 

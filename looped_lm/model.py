@@ -9,13 +9,15 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
 from .config import ExperimentConfig, ConfigError, validate_values  # first: the package quiets tqdm
+from .readout_ce import linear_ce  # the chunked readout loss (01a_readout_ce)
+from fastcore.basics import patch
 from huggingface_hub import PyTorchModelHubMixin
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from safetensors import SafetensorError
 
 # %% auto #0
-__all__ = ['MODEL_CARD', 'LoopedLMConfig', 'make_norm', 'LayerCache', 'CausalSelfAttention', 'MLP', 'Block', 'linear_ce',
-           'LoopedOutput', 'unit_rms', 'LoopedLM', 'num_params', 'forward_flops_per_token', 'train_flops_per_token',
+__all__ = ['MODEL_CARD', 'LoopedLMConfig', 'make_norm', 'LayerCache', 'CausalSelfAttention', 'MLP', 'Block', 'LoopedOutput',
+           'unit_rms', 'LoopedLM', 'num_params', 'forward_flops_per_token', 'train_flops_per_token',
            'saved_tensor_bytes', 'HubFolderError', 'config_from_dict']
 
 # %% ../nbs/01_model.ipynb #0c479aa1
@@ -133,70 +135,6 @@ class Block(nn.Module):
         h = h + self.attn(self.norm1(h), cache)
         return h + self.mlp(self.norm2(h))
 
-# %% ../nbs/01_model.ipynb #d8388970
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    "The dtype a linear layer computes in: the autocast dtype when autocast is on for x's device, else x's."
-    dt = x.device.type
-    return torch.get_autocast_dtype(dt) if torch.is_autocast_enabled(dt) else x.dtype
-
-
-def _ce_chunks(x, w, t, chunk, grads: bool):
-    "Sum of the CE of each chunk of rows of `x` (and, if `grads`, d(sum)/dx and d(sum)/dw)."
-    cd = _compute_dtype(x)
-    wc = w.to(cd)
-    tot = torch.zeros((), dtype=torch.float32, device=x.device)
-    dx = torch.empty_like(x) if grads else None
-    dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if grads else None
-    for i in range(0, len(t), chunk):
-        xc, tc = x[i : i + chunk].to(cd), t[i : i + chunk]
-        logits = torch.mm(xc, wc.t()).float()  # (chunk, V): the only vocabulary-sized tensor
-        tgt = logits.gather(1, tc[:, None])
-        m = logits.amax(-1, keepdim=True)
-        e = logits.sub_(m).exp_()  # in place: no other (chunk, V) temporaries
-        s = e.sum(-1, keepdim=True)
-        tot += (s.log() + m - tgt).sum()  # log-sum-exp - target logit
-        if not grads:
-            continue
-        g = e.div_(s)  # softmax...
-        g[torch.arange(len(tc), device=g.device), tc] -= 1  # ... - onehot: dCE/dlogits
-        g = g.to(cd)
-        dx[i : i + chunk] = torch.mm(g, wc)
-        if cd == torch.float32:
-            dw.addmm_(g.t(), xc)
-        else:
-            dw += torch.mm(g.t(), xc).float()
-    return tot, dx, dw
-
-# %% ../nbs/01_model.ipynb #f625a947
-class _LinearCE(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, t, chunk):
-        tot, dx, dw = _ce_chunks(x, w, t, chunk, grads=True)
-        ctx.save_for_backward(dx, dw)
-        ctx.w_dtype = w.dtype
-        return tot / len(t)
-
-    @staticmethod
-    def backward(ctx, go):
-        dx, dw = ctx.saved_tensors
-        s = go / dx.shape[0]
-        return (
-            (dx * s.to(dx.dtype)) if ctx.needs_input_grad[0] else None,
-            (dw * s).to(ctx.w_dtype) if ctx.needs_input_grad[1] else None,
-            None,
-            None,
-        )
-
-
-def linear_ce(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 0) -> torch.Tensor:
-    "Mean cross-entropy of the logits `x @ weight.T` against `targets`, over chunks of `chunk` tokens (0: plain)."
-    x, t = x.reshape(-1, x.shape[-1]), targets.reshape(-1)
-    if chunk <= 0 or chunk >= len(t):
-        return F.cross_entropy(F.linear(x, weight).float(), t)
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return _LinearCE.apply(x, weight, t, chunk)
-    return _ce_chunks(x, weight, t, chunk, grads=False)[0] / len(t)
-
 # %% ../nbs/01_model.ipynb #fc6b0c7a
 @dataclass
 class LoopedOutput:
@@ -283,79 +221,94 @@ class LoopedLM(
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
 
-    def embed(self, idx, start: int = 0):
-        "H_0: token plus position embeddings of `idx`, whose first token sits at position `start` (then dropout)."
-        T = idx.shape[1]
-        if start + T > self.config.max_seq_len:
-            raise ValueError(
-                f"A sequence of {start + T} tokens is longer than the model's context "
-                f"max_seq_len={self.config.max_seq_len}: use at most {self.config.max_seq_len} positions."
-            )
-        h = self.tok_emb(idx) + self.pos_emb(torch.arange(start, start + T, device=idx.device))
-        return _dropout(h, self.config.dropout, self.training)
-
-    def loop(self, h, caches: list = None):
-        "One application of the shared stack (`caches`: one `LayerCache` per block, for incremental decoding)."
-        for i, blk in enumerate(self.stack):
-            h = blk(h, None if caches is None else caches[i])
-        return h
-
-    def readout_input(self, h, k: int = None):
-        "What the head sees of `h` at loop `k`: `out_norm(h)`, or `h` itself (`raw`; `final_norm` before loop K)."
-        c = self.config
-        normed = c.readout in ('rmsnorm', 'layernorm') or (c.readout == 'final_norm' and (k or c.K) == c.K)
-        return self.out_norm(h) if normed else h
-
-    def readout(self, h, k: int = None):
-        "Logits of hidden state `h` read out at loop `k` (only `final_norm` depends on `k`)."
-        return self.head(self.readout_input(h, k))
-
-    def feed(self, h):
-        "What loop k+1 receives from H_k: H_k itself, or its unit-RMS version (`internorm`)."
-        return unit_rms(h) if self.config.recurrence == 'internorm' else h
-
-    @classmethod
-    def from_run(cls, run_dir, device='cpu') -> 'LoopedLM':
-        "The model of a trained run directory: attached by `looped_lm.hub`, which sits above the trainer."
-        raise RuntimeError(
-            "LoopedLM.from_run reads run directories, which the model layer cannot: `import looped_lm.hub` first "
-            "(or call `looped_lm.hub.from_run(run_dir)`)."
+# %% ../nbs/01_model.ipynb #b1e5a7c1
+@patch
+def embed(self: LoopedLM, idx, start: int = 0):
+    "H_0: token plus position embeddings of `idx`, whose first token sits at position `start` (then dropout)."
+    T = idx.shape[1]
+    if start + T > self.config.max_seq_len:
+        raise ValueError(
+            f"A sequence of {start + T} tokens is longer than the model's context "
+            f"max_seq_len={self.config.max_seq_len}: use at most {self.config.max_seq_len} positions."
         )
+    h = self.tok_emb(idx) + self.pos_emb(torch.arange(start, start + T, device=idx.device))
+    return _dropout(h, self.config.dropout, self.training)
 
-    def _check_exit(self, exit_k):
-        k_max = self.config.K if exit_k is None else exit_k
-        if isinstance(k_max, bool) or not (isinstance(k_max, int) and 1 <= k_max <= self.config.K):
-            raise ValueError(f"exit_k must be an integer in 1..{self.config.K}, got {exit_k!r}.")
-        return k_max
 
-    def forward(
-        self,
-        idx,
-        targets=None,
-        exit_k: int = None,
-        loss_loops: str = 'all',
-        ce_chunk: int = 0,
-        return_logits: bool = None,
-    ) -> LoopedOutput:
-        "Run `exit_k` (default K) loops; `loss_loops`: 'all' (CE of every loop) or 'last' (clamps: `run_loops`)."
-        k_max = self._check_exit(exit_k)
-        if loss_loops not in ('all', 'last'):
-            raise ValueError(f"loss_loops must be 'all' or 'last', got {loss_loops!r}.")
-        h, hidden = self.embed(idx), []
-        for k in range(1, k_max + 1):
-            if k > 1:
-                h = self.feed(h)
-            h = self.loop(h)
-            hidden.append(h)
-        losses = None
-        if targets is not None:
-            ks = range(1, k_max + 1) if loss_loops == 'all' else [k_max]
-            losses = torch.stack(
-                [linear_ce(self.readout_input(hidden[k - 1], k), self.head.weight, targets, ce_chunk) for k in ks]
-            )
-        if return_logits is None:
-            return_logits = targets is None
-        return LoopedOutput(hidden, self.readout(hidden[-1], k_max) if return_logits else None, losses)
+@patch
+def loop(self: LoopedLM, h, caches: list = None):
+    "One application of the shared stack (`caches`: one `LayerCache` per block, for incremental decoding)."
+    for i, blk in enumerate(self.stack):
+        h = blk(h, None if caches is None else caches[i])
+    return h
+
+
+@patch
+def readout_input(self: LoopedLM, h, k: int = None):
+    "What the head sees of `h` at loop `k`: `out_norm(h)`, or `h` itself (`raw`; `final_norm` before loop K)."
+    c = self.config
+    normed = c.readout in ('rmsnorm', 'layernorm') or (c.readout == 'final_norm' and (k or c.K) == c.K)
+    return self.out_norm(h) if normed else h
+
+
+@patch
+def readout(self: LoopedLM, h, k: int = None):
+    "Logits of hidden state `h` read out at loop `k` (only `final_norm` depends on `k`)."
+    return self.head(self.readout_input(h, k))
+
+
+@patch
+def feed(self: LoopedLM, h):
+    "What loop k+1 receives from H_k: H_k itself, or its unit-RMS version (`internorm`)."
+    return unit_rms(h) if self.config.recurrence == 'internorm' else h
+
+# %% ../nbs/01_model.ipynb #b1e5a7c3
+@patch(cls_method=True)
+def from_run(cls: LoopedLM, run_dir, device='cpu') -> 'LoopedLM':
+    "The model of a trained run directory: attached by `looped_lm.hub`, which sits above the trainer."
+    raise RuntimeError(
+        "LoopedLM.from_run reads run directories, which the model layer cannot: `import looped_lm.hub` first "
+        "(or call `looped_lm.hub.from_run(run_dir)`)."
+    )
+
+
+@patch
+def _check_exit(self: LoopedLM, exit_k):
+    k_max = self.config.K if exit_k is None else exit_k
+    if isinstance(k_max, bool) or not (isinstance(k_max, int) and 1 <= k_max <= self.config.K):
+        raise ValueError(f"exit_k must be an integer in 1..{self.config.K}, got {exit_k!r}.")
+    return k_max
+
+# %% ../nbs/01_model.ipynb #b1e5a7c5
+@patch
+def forward(
+    self: LoopedLM,
+    idx,
+    targets=None,
+    exit_k: int = None,
+    loss_loops: str = 'all',
+    ce_chunk: int = 0,
+    return_logits: bool = None,
+) -> LoopedOutput:
+    "Run `exit_k` (default K) loops; `loss_loops`: 'all' (CE of every loop) or 'last' (clamps: `run_loops`)."
+    k_max = self._check_exit(exit_k)
+    if loss_loops not in ('all', 'last'):
+        raise ValueError(f"loss_loops must be 'all' or 'last', got {loss_loops!r}.")
+    h, hidden = self.embed(idx), []
+    for k in range(1, k_max + 1):
+        if k > 1:
+            h = self.feed(h)
+        h = self.loop(h)
+        hidden.append(h)
+    losses = None
+    if targets is not None:
+        ks = range(1, k_max + 1) if loss_loops == 'all' else [k_max]
+        losses = torch.stack(
+            [linear_ce(self.readout_input(hidden[k - 1], k), self.head.weight, targets, ce_chunk) for k in ks]
+        )
+    if return_logits is None:
+        return_logits = targets is None
+    return LoopedOutput(hidden, self.readout(hidden[-1], k_max) if return_logits else None, losses)
 
 # %% ../nbs/01_model.ipynb #7f517519
 def num_params(model: nn.Module, embeddings: bool = True) -> int:

@@ -6,253 +6,34 @@ what a power-law fit of the drift says (and does not) about the paper's budget. 
 
 # %% ../nbs/07_scaling.ipynb #4c7d2bca
 from __future__ import annotations
-import dataclasses, json, math, numbers, time
-from dataclasses import dataclass, field
+import dataclasses, json, math, time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 import numpy as np, pandas as pd
 from .config import ExperimentConfig, ConfigError, load_preset
 from .data import prepare_data, write_atomic
-from .model import LoopedLM, LoopedLMConfig, num_params, train_flops_per_token
-from .train import train, TrainingError, resolve_device
+from .model import LoopedLM, LoopedLMConfig, num_params
+from .train import train, TrainingError
+from .devices import resolve_device
 from .rundir import RunDirError, run_status, latest_checkpoint, load_run, read_json
-from .diagnostics import eval_exits, token_norms, norm_stats, radial_fractions
+from .diagnostics import eval_exits, token_norms, norm_stats
+from .radial import radial_fractions
 from .reports import DIAG_VERSION, radial_scale_of, checkpoint_id, matches_key
 from .protocol import as_spec
 from .variants import VARIANTS, check_variants, check_seeds, AT_RISK
 from .tables import to_markdown
 from .ablation import repo_root, check_folder, job_data, run_study_jobs, study_lock
 from .growth import fit_growth, growth_row, short_number, fit_sentence, carry_sentence
+from .scaling_grid import RECIPES, AXES, Grid, GRIDS, scaling_points, estimate_seconds
+from .scaling_grid import Job, Plan, scaling_run_dir
 
 # %% auto #0
-__all__ = ['CONTROLS', 'RECIPES', 'AXES', 'GRIDS', 'REFERENCE', 'SCALING_VERSION', 'MD_COLUMNS', 'Axis', 'Point',
-           'scaling_points', 'Grid', 'train_flops', 'estimate_seconds', 'Job', 'Plan', 'scaling_run_dir',
-           'scaling_dirs', 'check_scaling', 'measure_key', 'read_measure', 'measure_run', 'train_seconds', 'train_job',
-           'measure_columns', 'job_row', 'add_c6', 'scaling_table', 'axis_rows', 'growth_table', 'wall_seconds',
-           'study_title', 'reading', 'Scaling', 'write_results', 'scaling_jobs', 'run_scaling', 'read_markdown_table',
-           'published_table']
-
-# %% ../nbs/07_scaling.ipynb #9e3cef37
-CONTROLS = ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty')  # its scale-controlled counterparts
-
-RECIPES = {  # the lr_wd axis: named optimiser recipes, as overrides of the centre
-    'preset': {},
-    'decay-all': dict(weight_decay=0.01, decay_all=True),
-    'low-lr': dict(lr=3e-4),
-    'official': dict(lr=3e-4, schedule='constant', warmup_steps=0, weight_decay=0.01, decay_all=True, beta2=0.999),
-}
-
-
-def _positive(axis: str, v, integer: bool = False):
-    "`v` as a positive number (an integer when `integer`), else a `ConfigError` naming the axis."
-    ok = (
-        not isinstance(v, bool)
-        and isinstance(v, numbers.Real)
-        and math.isfinite(v)
-        and v > 0
-        and (not integer or float(v).is_integer())
-    )
-    if not ok:
-        raise ConfigError(
-            f"axis {axis}: {v!r} is not a positive {'integer' if integer else 'number'}; "
-            f"give positive {'integers' if integer else 'numbers'}, e.g. {AXES[axis].example}."
-        )
-    return int(v) if integer else float(v)
-
-# %% ../nbs/07_scaling.ipynb #99dcdf74
-def _budget(base: ExperimentConfig, m) -> dict:
-    steps = round(_positive('budget', m) * base.steps)
-    if steps < 1:
-        raise ConfigError(
-            f"axis budget: {m!r} x the centre's {base.steps} steps buys no optimiser step; "
-            f"use a multiple of at least {1 / base.steps:.3g}."
-        )
-    if (
-        base.schedule == 'cosine' and steps <= base.warmup_steps
-    ):  # it would never reach the peak lr: budget mixed with lr
-        raise ConfigError(
-            f"axis budget: {m!r} x {base.steps} = {steps} steps ends inside the {base.warmup_steps}-step warm-up; "
-            f"use a larger multiple or lower warmup_steps in the grid's overrides."
-        )
-    return {} if steps == base.steps else dict(train_tokens=steps * base.batch_size * base.seq_len)
-
-
-def _width(base: ExperimentConfig, d) -> dict:
-    d = _positive('width', d, integer=True)
-    if d % base.n_heads:
-        raise ConfigError(
-            f"axis width: d_model {d} is not divisible by the preset's n_heads = {base.n_heads}; "
-            f"use a multiple of {base.n_heads} (e.g. {max(base.n_heads, d - d % base.n_heads)})."
-        )
-    return dict(d_model=d)
-
-# %% ../nbs/07_scaling.ipynb #b14d09e3
-def _recipe(base: ExperimentConfig, name) -> dict:
-    if not isinstance(name, str) or name not in RECIPES:
-        raise ConfigError(
-            f"axis lr_wd: unknown recipe {name!r}; choose from {', '.join(RECIPES)} (or add one to RECIPES)."
-        )
-    return dict(RECIPES[name])
-
-
-def _loops(base: ExperimentConfig, K) -> dict:
-    return dict(K=_positive('K', K, integer=True))
-
-
-@dataclass(frozen=True)
-class Axis:
-    "One factor of the study: how a value changes the centre's config, and the value the centre has on it."
-
-    name: str
-    label: str  # the x-axis of its panel
-    overrides: Callable  # (centre config, value) -> overrides; a bad value is a ConfigError naming the fix
-    centre: Callable  # centre config -> the centre's value on this axis
-    example: str  # what a good list looks like (in error messages)
-
-# %% ../nbs/07_scaling.ipynb #f22225fc
-AXES = {
-    a.name: a
-    for a in [
-        Axis('budget', 'training tokens', _budget, lambda b: 1.0, '[0.25, 0.5, 1, 2]'),
-        Axis('width', 'd_model', _width, lambda b: b.d_model, '[64, 128]'),
-        Axis('lr_wd', 'optimiser recipe', _recipe, lambda b: 'preset', str(list(RECIPES))),
-        Axis('K', 'loops K', _loops, lambda b: b.K, '[2, 4, 8]'),
-    ]
-}
-
-# %% ../nbs/07_scaling.ipynb #907a6ea1
-@dataclass(frozen=True)
-class Point:
-    "A point of the study: the centre, or one value of one axis (`overrides` of the centre's config)."
-
-    name: str  # also the run directories' prefix: 'centre', 'budget-0.25', 'width-64', 'lr_wd-official', 'K-8'
-    axis: str  # 'centre' or the axis it varies
-    value: object  # the axis value (None for the centre)
-    overrides: dict
-
-    def config(self, base: ExperimentConfig) -> ExperimentConfig:
-        "The point's training config: the centre `base` with this point's overrides."
-        return base.replace(**self.overrides)
-
-
-def _config_key(cfg: ExperimentConfig) -> str:
-    return json.dumps(cfg.to_dict(), sort_keys=True)
-
-
-def _values(axis: str, values) -> list:
-    if axis not in AXES:
-        raise ConfigError(f"Unknown axis {axis!r}; valid axes: {', '.join(AXES)}.")
-    vals = None if isinstance(values, (str, bytes, dict)) or not hasattr(values, '__iter__') else list(values)
-    if not vals:
-        raise ConfigError(f"axis {axis}: give a non-empty list of values, e.g. {AXES[axis].example}; got {values!r}.")
-    return vals
-
-# %% ../nbs/07_scaling.ipynb #f56a3ca7
-def scaling_points(base_cfg: ExperimentConfig, axes: dict) -> list:
-    "The centre (`base_cfg` as is) once, then each axis's other values one at a time; every value and config checked."
-    if not isinstance(axes, dict) or not axes:
-        raise ConfigError(f"axes must be a non-empty dict {{axis: [values]}} over {', '.join(AXES)}; got {axes!r}.")
-    points, seen = [Point('centre', 'centre', None, {})], {_config_key(base_cfg): 'centre'}
-    for axis, values in axes.items():
-        for v in _values(axis, values):
-            ov = AXES[axis].overrides(base_cfg, v)
-            key = _config_key(base_cfg.replace(**ov))  # validates the whole config of the point
-            name = f"{axis}-{v:g}" if isinstance(v, numbers.Real) else f"{axis}-{v}"
-            if key in seen:
-                if seen[key] == 'centre':
-                    continue  # the centre's own value: listed once, as the centre
-                raise ConfigError(f"axis {axis}: {v!r} gives the same run as {seen[key]}; list each value once.")
-            seen[key] = name
-            points.append(Point(name, axis, v, ov))
-    return points
-
-# %% ../nbs/07_scaling.ipynb #7686498d
-@dataclass(frozen=True)
-class Grid:
-    "A named study: the centre (a preset with `overrides`), the axes, variants, seeds and the measurement's budget."
-
-    preset: str
-    axes: dict
-    overrides: dict = field(default_factory=dict)
-    variants: tuple = (AT_RISK, *CONTROLS)
-    seeds: tuple = None  # None: the centre preset's own `seed` (one run per point and variant)
-    measure_tokens: int = 16384  # the first validation tokens: perplexity at every exit and per-token norms
-    radial_tokens: int = 4096  # the first of those: the float64 radial gradient fraction
-    publish: bool = True  # default figures in figures/scaling-<grid>/ (False: in the study folder)
-
-# %% ../nbs/07_scaling.ipynb #054f72ec
-GRIDS = {
-    'tiny': Grid(
-        'smoke',
-        dict(budget=[0.25, 0.5, 1], width=[32, 64], lr_wd=['preset', 'official'], K=[2, 4]),
-        overrides=dict(train_tokens=4096, warmup_steps=2),
-        variants=(AT_RISK, 'perloop-raw'),
-        measure_tokens=2048,
-        radial_tokens=512,
-        publish=False,
-    ),
-    'cpu': Grid(  # centred on the preset that was the default when the grid ran (figures/scaling-cpu)
-        'cpu-cosine',
-        dict(budget=[0.25, 0.5, 1, 2], width=[64, 128], lr_wd=list(RECIPES), K=[2, 4, 8]),
-        overrides=dict(train_tokens=614400),
-    ),
-}
-
-REFERENCE = ('cpu-cosine', 3600.0)  # measured: `cpu-cosine` trains at ~3,600 tokens/s on this machine's 2 cores
-
-
-def train_flops(cfg: ExperimentConfig) -> float:
-    "Training FLOPs of a whole run: its tokens times `train_flops_per_token`."
-    return (
-        cfg.steps
-        * cfg.batch_size
-        * cfg.seq_len
-        * train_flops_per_token(LoopedLMConfig.from_experiment(cfg), cfg.seq_len, cfg.loss)
-    )
-
-# %% ../nbs/07_scaling.ipynb #b57caae3
-def estimate_seconds(cfgs: list, reference: tuple = REFERENCE) -> float:
-    "Training seconds of the runs `cfgs`: their FLOPs at the reference preset's measured rate (tokens/s x FLOPs/token)."
-    ref = load_preset(reference[0])
-    rate = reference[1] * train_flops_per_token(LoopedLMConfig.from_experiment(ref), ref.seq_len, ref.loss)
-    return sum(train_flops(c) for c in cfgs) / rate
-
-# %% ../nbs/07_scaling.ipynb #f65eef56
-@dataclass(frozen=True)
-class Job:
-    "One run of the study: a point, a variant and a seed, with its whole training config and run directory."
-
-    point: Point
-    variant: str
-    seed: int
-    cfg: ExperimentConfig
-    run_dir: Path
-
-    @property
-    def label(self) -> str:
-        "How progress lines and errors name the run: point, variant and seed."
-        return f"{self.point.name} {self.variant} seed {self.seed}"
-
-
-@dataclass
-class Plan:
-    "A validated scaling study: what to train and where everything goes. Nothing is created on disk until it runs."
-
-    grid: str
-    spec: Grid
-    base: ExperimentConfig  # the centre's config (before the variant's options)
-    points: list
-    jobs: list
-    out_dir: Path
-    fig_dir: Path
-    device: str
+__all__ = ['SCALING_VERSION', 'MD_COLUMNS', 'scaling_dirs', 'check_scaling', 'measure_key', 'read_measure', 'measure_run',
+           'train_seconds', 'train_job', 'measure_columns', 'job_row', 'add_c6', 'scaling_table', 'axis_rows',
+           'growth_table', 'wall_seconds', 'study_title', 'reading', 'Scaling', 'write_results', 'scaling_jobs',
+           'run_scaling', 'read_markdown_table', 'published_table']
 
 # %% ../nbs/07_scaling.ipynb #bb0781ad
-def scaling_run_dir(out_dir, point: str, variant: str, seed: int) -> Path:
-    "The run directory of (point, variant, seed) in a study folder."
-    return Path(out_dir) / 'runs' / f"{point}-{variant}-seed{seed}"
-
-
 def _grid(grid) -> tuple:
     if isinstance(grid, Grid):
         return 'custom', grid

@@ -14,7 +14,8 @@ from .rundir import read_metrics
 from .variants import check_variants
 from .figures import STYLE, palette, save, check_fig_dir
 from .growth import PAPER_DRIFT, PAPER_TOKENS
-from .scaling import AXES, Plan, Scaling, axis_rows, scaling_run_dir
+from .scaling_grid import AXES, Plan, scaling_run_dir
+from .scaling import Scaling, axis_rows
 from .scaling import study_title
 
 # %% auto #0

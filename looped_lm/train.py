@@ -5,125 +5,31 @@ run directory that records everything the blind spot shows up in."""
 
 # %% ../nbs/03_train.ipynb #f226ccad
 from __future__ import annotations
-import json, math, os, shutil, time, warnings
-from contextlib import nullcontext
+import json, math, shutil, time, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 import torch, torch.nn as nn
-import torch.distributed as dist
 from .config import ExperimentConfig, ConfigError
 from .model import LoopedLM, LoopedLMConfig, train_flops_per_token
 from .lemmas import radial_fraction
 from .progress import Progress, Guard
 from .files import write_atomic, sweep_stale_tmp
-from .data import prepare_data, get_batch, eval_batches, TokenData, window_batch
+from .data import prepare_data, eval_batches, TokenData
+from .devices import resolve_device, autocast, init_distributed, _barrier, _over_ranks
+from .objective import make_optimizer, lr_at, train_batch, objective
 from looped_lm.rundir import (
     RunDirError, set_status, run_status, expected_records, _parse_metrics, read_metrics, _missing, append_metrics,
     data_record, save_checkpoint, latest_checkpoint, load_checkpoint, run_lock, _check_identity, _check_data,
 )
 
 # %% auto #0
-__all__ = ['norm_penalty', 'objective', 'param_groups', 'make_optimizer', 'lr_at', 'train_batch', 'TrainingError',
-           'resolve_device', 'autocast', 'world', 'init_distributed', 'hidden_norm_summary', 'overflow_margin',
-           'evaluate', 'train', 'RunResult', 'open_run', 'Run', 'check_resume', 'restore_model', 'record_start',
-           'start_run', 'train_step', 'check_finite', 'step_record', 'warn_overflow', 'log_step', 'checkpoint_step',
-           'finish', 'run_steps']
+__all__ = ['TrainingError', 'hidden_norm_summary', 'overflow_margin', 'evaluate', 'train', 'RunResult', 'open_run', 'Run',
+           'check_resume', 'restore_model', 'record_start', 'start_run', 'train_step', 'check_finite', 'step_record',
+           'warn_overflow', 'log_step', 'checkpoint_step', 'finish', 'run_steps']
 
-# %% ../nbs/03_train.ipynb #5cb2a61f
-def norm_penalty(hidden: list) -> torch.Tensor:
-    "(1/K) sum_k mean over all elements of H_k^2: the official penalty, the states' squared RMS averaged over loops."
-    return sum(h.float().pow(2).mean() for h in hidden) / len(hidden)
-
-
-def objective(model, x, y, cfg: ExperimentConfig, all_losses: bool = False):
-    "Training objective of a batch and the model's output. `all_losses`: compute every loop's CE even for `terminal`."
-    out = model(
-        x, targets=y, loss_loops='all' if (cfg.loss == 'perloop' or all_losses) else 'last', ce_chunk=cfg.ce_chunk
-    )
-    ce = out.losses.mean() if cfg.loss == 'perloop' else out.losses[-1]
-    obj = ce + cfg.norm_penalty * norm_penalty(out.hidden) if cfg.norm_penalty > 0 else ce
-    return obj, out
-
-# %% ../nbs/03_train.ipynb #cc8b97b7
-def param_groups(model: nn.Module, cfg: ExperimentConfig) -> list:
-    "AdamW groups: decay on matrices, and on embeddings / norm gains if the preset says so (`decay_all`: one group)."
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if cfg.decay_all:
-        return [dict(params=[p for _, p in params], weight_decay=cfg.weight_decay)]
-    decay, no_decay = [], []
-    for name, p in params:
-        is_emb, is_norm = 'emb' in name, p.ndim < 2
-        use = cfg.decay_norms if is_norm else (cfg.decay_embeddings if is_emb else True)
-        (decay if use else no_decay).append(p)
-    return [dict(params=decay, weight_decay=cfg.weight_decay), dict(params=no_decay, weight_decay=0.0)]
-
-
-def make_optimizer(model, cfg: ExperimentConfig, device: torch.device):
-    "AdamW over `param_groups(model, cfg)` with the preset's lr and betas (the fused kernel on CUDA)."
-    return torch.optim.AdamW(
-        param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == 'cuda'
-    )
-
-
-def lr_at(step: int, cfg: ExperimentConfig) -> float:
-    "Learning rate for optimiser step `step` (0-based): constant, or linear warmup then cosine to min_lr_ratio*lr."
-    if cfg.schedule == 'constant':
-        return cfg.lr
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    prog = (step - cfg.warmup_steps) / max(1, cfg.steps - 1 - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, prog))))
-
-
-def train_batch(data: TokenData, cfg: ExperimentConfig, gen: torch.Generator, step: int, device):
-    "The batch of optimiser step `step`: strided windows when `cfg.stride > 0`, else random windows drawn from `gen`."
-    if cfg.stride > 0:
-        return window_batch(data.train, cfg.batch_size, cfg.seq_len, cfg.stride, cfg.seed, step, device=device)
-    return get_batch(data.train, cfg.batch_size, cfg.seq_len, gen, device=device)
-
-# %% ../nbs/03_train.ipynb #7eff13a6
+# %% ../nbs/03_train.ipynb #9a1c3e5b
 class TrainingError(RuntimeError):
     "A run that diverged: the guard stopped it, kept the last finite checkpoint and marked the run `failed`."
-
-
-def resolve_device(cfg: ExperimentConfig) -> torch.device:
-    "The device of a run; `device='cuda'` without a GPU is refused, bf16 and compile on the CPU only warned about."
-    has_cuda = torch.cuda.is_available()
-    if cfg.device == 'cuda' and not has_cuda:
-        raise ConfigError(
-            f"{cfg.name}: device='cuda' but no GPU is visible. Run on a GPU machine, or override device='cpu' "
-            "(e.g. `--set device=cpu`) to run this preset on the CPU."
-        )
-    dev = torch.device('cuda' if (cfg.device == 'cuda' or (cfg.device == 'auto' and has_cuda)) else 'cpu')
-    slow = [o for o, on in (("dtype='bfloat16'", cfg.dtype == 'bfloat16'), ('compile=True', cfg.compile)) if on]
-    if dev.type == 'cpu' and slow:
-        warnings.warn(
-            f"{cfg.name}: {' and '.join(slow)} on the CPU: the GPU code path runs, but slowly "
-            "(override dtype='float32', compile=False for speed).",
-            stacklevel=2,
-        )
-    if dev.type == 'cuda' and dist.is_initialized():
-        dev = torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
-    return dev
-
-
-def autocast(cfg: ExperimentConfig, device: torch.device):
-    "bf16 autocast on the run's device type when `dtype='bfloat16'` (CUDA or CPU); float32 otherwise."
-    return torch.autocast(device.type, dtype=torch.bfloat16) if cfg.dtype == 'bfloat16' else nullcontext()
-
-
-def world() -> tuple:
-    "(rank, world_size): (0, 1) unless running under an initialized torch.distributed process group."
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
-
-# %% ../nbs/03_train.ipynb #a541aca1
-def init_distributed():
-    "Join the process group that `torchrun` describes in the environment (gloo on CPU, nccl on GPU); no-op otherwise."
-    if int(os.environ.get('WORLD_SIZE', '1')) > 1 and not dist.is_initialized():
-        dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
-    return world()
 
 # %% ../nbs/03_train.ipynb #484c157a
 def hidden_norm_summary(h: torch.Tensor) -> dict:
@@ -291,11 +197,6 @@ class Run:
         return s % self.cfg.ckpt_every == 0 or s == self.last
 
 # %% ../nbs/03_train.ipynb #9d18b9c8
-def _barrier(world_size: int):
-    if world_size > 1:
-        dist.barrier()
-
-
 def check_resume(run_dir: Path, cfg: ExperimentConfig):
     "Make the metrics agree with the newest checkpoint: drop records past it, rebuild a lost tail, refuse holes."
     for t in run_dir.glob('.ckpt-*.tmp'):
@@ -428,21 +329,6 @@ def check_finite(run: Run):
         set_status(run_dir, 'failed', step, msg)
     raise TrainingError(msg)
 
-# %% ../nbs/03_train.ipynb #21c39b7a
-def _over_ranks(run: Run, objv, losses, radial, norms, margin):
-    "The log values of the whole global batch: means of means, maxima of maxima (p50/p99 stay rank 0's)."
-    K = run.cfg.K
-    mean = torch.tensor([objv, *losses, *radial, *[n['mean'] for n in norms]], device=run.device)
-    mx = torch.tensor([margin, *[n['max'] for n in norms]], device=run.device)
-    dist.all_reduce(mean)
-    mean /= run.world_size
-    dist.all_reduce(mx, op=dist.ReduceOp.MAX)
-    mean, mx = mean.tolist(), mx.tolist()
-    nl = len(losses)
-    for n, m_, x_ in zip(norms, mean[1 + nl + K :], mx[1:]):
-        n.update(mean=m_, max=x_)
-    return mean[0], mean[1 : 1 + nl], mean[1 + nl : 1 + nl + K], norms, mx[0]
-
 # %% ../nbs/03_train.ipynb #606aa8a5
 def step_record(run: Run, obj, out, gnorm) -> dict:
     "The train record of this log step: per-loop CE, norms and radial fraction, and the step's other measurements."
@@ -452,7 +338,9 @@ def step_record(run: Run, obj, out, gnorm) -> dict:
     radial = [radial_fraction(h.grad, h.detach()).item() if h.grad is not None else float('nan') for h in out.hidden]
     objv, margin = obj.item(), overflow_margin(out.hidden, cfg.dtype)
     if run.world_size > 1:
-        objv, losses, radial, norms, margin = _over_ranks(run, objv, losses, radial, norms, margin)
+        objv, losses, radial, norms, margin = _over_ranks(
+            run.device, run.world_size, objv, losses, radial, norms, margin
+        )
     dt, n_tok = time.time() - run.t0, (run.step - run.s0) * cfg.batch_size * cfg.seq_len
     flops = train_flops_per_token(run.model.config, cfg.seq_len, cfg.loss)
     return dict(

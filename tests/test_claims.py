@@ -5,7 +5,7 @@ the study) second. Each claim fails when one member of its group fails it, in th
 visibility lemma quantitatively (median per-token measured/exact, from diagnostics v5; older records: not measured),
 C4 is one claim per clamp mode, C5 is split into scale and tail shape (with the diagnostics' own heavy-tail cut), C7
 is the halting claim. Every table and claim is rebuilt byte-identical from the per-run records `runs.jsonl` alone.
-All on synthetic records built by the ablation's `synthetic_study`: no training.
+All on synthetic records built by the fixtures' `synthetic_study` (05d): no training.
 """
 
 import json
@@ -20,10 +20,10 @@ from looped_lm.claims import (
     claims_markdown,
     measures,
     rebuild,
-    synthetic_study,
     unaligned_cos,
     write_claims,
 )
+from looped_lm.fixtures import synthetic_study
 from looped_lm.diagnostics import HEAVY_TAIL_HILL
 from looped_lm.reports import radial_scale_of
 

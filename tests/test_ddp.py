@@ -103,7 +103,8 @@ def test_batch_that_does_not_split_is_refused(smoke_data, tmp_path):
 
 if __name__ == '__main__':  # the training script of both runs
     from looped_lm.config import load_preset
-    from looped_lm.train import train, world
+    from looped_lm.train import train
+    from looped_lm.devices import world
     import torch.distributed as dist
 
     run_dir, ov = Path(sys.argv[1]), json.loads(sys.argv[2])

@@ -8,6 +8,7 @@ range are reported by a warning while everything is still finite; norms that ove
 
 import pytest, torch
 import looped_lm.train as T
+import looped_lm.objective as O
 from looped_lm.config import load_preset
 from looped_lm.model import LoopedLM
 from looped_lm.train import train, TrainingError
@@ -95,7 +96,7 @@ def test_non_finite_loss(tmp_path, smoke_data, monkeypatch):
         calls.append(1)
         return torch.tensor(float('inf') if len(calls) == 3 else 0.0)
 
-    monkeypatch.setattr(T, 'norm_penalty', penalty)
+    monkeypatch.setattr(O, 'norm_penalty', penalty)  # the objective reads it from its own module
     with pytest.raises(TrainingError, match='non-finite values in the loss at step 3'):
         train(load_preset('smoke', norm_penalty=1e-3), tmp_path / 'run', data=smoke_data, progress=False)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 import numpy as np, pytest, torch
 from looped_lm.config import load_preset, list_presets
-from looped_lm.model import linear_ce
+from looped_lm.readout_ce import linear_ce
 from looped_lm.train import train, start_run, train_step, log_step
 from looped_lm.rundir import read_metrics
 

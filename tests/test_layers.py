@@ -15,10 +15,13 @@ SKIP = ('_modidx',)  # nbdev's generated index: no imports of the package
 LAYERS = [
     ['config', 'lemmas'],
     ['variants'],  # the ablation's variants (04b): named sets of config options; the seeds/variants parameters
+    ['readout_ce'],  # the chunked readout cross-entropy (01a), below the model that reads out with it
     ['model'],
     ['files'],  # atomic writes, locks, content hashes (01b)
     ['tokenizer'],  # text to ids and back (02a): the BPE and the official regex tokenizer; writes with files
     ['data'],
+    ['devices'],  # the device, bf16 autocast and the ranks of a DDP run (02c); imports config only
+    ['objective'],  # the training objective, AdamW, the lr schedule and the training batch (02d), over data
     ['rundir'],
     ['progress'],  # the progress line and the divergence guard (03e), below the trainer that owns them
     ['train'],
@@ -27,14 +30,17 @@ LAYERS = [
     ['spec_checks'],  # the trust checks of a loop spec and the guard of every diagnostic (03b)
     ['hooks'],  # from_hooks: a spec read out of an outside model through forward hooks (03c)
     ['halting'],  # calibrated adaptive halting (04c), below the diagnostics that report it
+    ['radial'],  # float64 radial fractions beside the lemma, angular updates and the 1/s law (04e), below diagnostics
     ['reports'],  # a diagnostics report, its tables and its cache (04d), below the diagnostics that measure it
     ['diagnostics'],
     ['tables'],  # a study's tables and per-run records (05b), read from diagnostics reports
     ['claims'],  # the pre-registered claims (05c), over the same records
+    ['fixtures'],  # made-up finished runs for checks and tests (05d), over the claims' clamp modes
     ['hub'],
     ['jobs'],  # one job per run (submitit), below the studies that submit them
     ['growth'],  # power-law fits of the drift and their intervals (07b), shared by the scaling and horizon studies
     ['horizon_analysis'],  # the horizon table's three analyses (08a), below the horizon study that writes the table
+    ['scaling_grid'],  # the scaling grid (07c): axes, points, named grids, their cost, Job and Plan; no study
     ['ablation', 'scaling', 'horizon'],  # studies
     ['figures', 'scaling_figures'],  # figures from results folders (the scaling grid's from 07a)
 ]

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from looped_lm.diagnostics import radial_fractions, radial_scale
+from looped_lm.radial import radial_fractions, radial_scale
 from looped_lm.reports import DIAG_VERSION, _cached, radial_scale_of
 from looped_lm.lemmas import radial_exact, radial_fraction
 from looped_lm.protocol import LoopSpec

@@ -15,17 +15,15 @@ from looped_lm.spec_checks import check_spec
 from looped_lm.hooks import from_hooks
 from looped_lm.reports import DiagnosticReport
 from looped_lm.diagnostics import (
-    angle_scaling,
-    angular_updates,
     clamp_modes,
     diagnose,
     eval_exits,
     exit_throughput,
     lemma2,
-    radial_fractions,
     scale_sensitivity,
     token_norms,
 )
+from looped_lm.radial import angle_scaling, angular_updates, radial_fractions
 from looped_lm.halting import exit_outcome, halting_speed, loop_scores
 
 V, D, HEADS, K, T, B = 61, 16, 2, 4, 12, 4

@@ -8,7 +8,7 @@ into its hidden state at step 2. It is a subset, so its records and tables go in
 import configparser, hashlib, json
 from pathlib import Path
 import pytest
-import looped_lm.diagnostics, looped_lm.train
+import looped_lm.diagnostics, looped_lm.objective
 from looped_lm.ablation import check_params, run_ablation
 from looped_lm.config import load_preset, settings_path
 from looped_lm.train import train
@@ -59,7 +59,7 @@ def test_rerun_retrains_and_reevaluates_nothing(study, monkeypatch):
     def forbidden(*a, **k):
         raise AssertionError('the rerun computed something')
 
-    monkeypatch.setattr(looped_lm.train, 'get_batch', forbidden)  # no training step
+    monkeypatch.setattr(looped_lm.objective, 'get_batch', forbidden)  # no training step
     monkeypatch.setattr(looped_lm.diagnostics, 'diagnose', forbidden)  # no diagnostic
     again = run_ablation('smoke', VARIANTS, out_dir=out, **KW)  # (no NaN injection now: the failed run is not retried)
     assert again == recs

@@ -1,4 +1,5 @@
-"""The scaling study (nbs/07_scaling.ipynb): points, bad grids, the power-law fit, and a tiny grid end to end.
+"""The scaling study (nbs/07_scaling.ipynb; its grid: nbs/07c_scaling_grid.ipynb): points, bad grids, the power-law
+fit, and a tiny grid end to end.
 
 A tiny grid trains and measures every run; a rerun trains nothing and measures nothing; an interrupted point is resumed
 by the study; a measurement of another checkpoint is measured again; bad grids fail before any folder exists.
@@ -10,17 +11,9 @@ import pytest
 from looped_lm.config import ConfigError, load_preset
 from looped_lm.train import train
 from looped_lm.rundir import run_status, latest_checkpoint
-from looped_lm.scaling import (
-    AT_RISK,
-    Grid,
-    check_scaling,
-    estimate_seconds,
-    measure_key,
-    measure_run,
-    read_measure,
-    run_scaling,
-    scaling_points,
-)
+from looped_lm.variants import AT_RISK
+from looped_lm.scaling_grid import Grid, estimate_seconds, scaling_points
+from looped_lm.scaling import check_scaling, measure_key, measure_run, read_measure, run_scaling
 from looped_lm.growth import PAPER_TOKENS, fit_growth, local_slopes, t_quantile
 from looped_lm.scaling_figures import draw_scaling
 
