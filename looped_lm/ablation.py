@@ -6,16 +6,12 @@ paper-exact-44m` on a GPU."""
 
 # %% ../nbs/05_ablation.ipynb #b8aa09d1
 from __future__ import annotations
-import ast, contextlib, hashlib, json, numbers, os, queue, sys, time
-import multiprocessing as mp
-from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, wait
-from concurrent.futures.process import BrokenProcessPool
+import hashlib, json, numbers, time
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
-import torch
-from .config import ExperimentConfig, ConfigError, load_preset, settings_path
-from .data import prepare_data, write_atomic, dir_lock, sweep_stale_tmp, LockedError
+from .config import ExperimentConfig, ConfigError, load_preset
+from .data import prepare_data, write_atomic, sweep_stale_tmp
 from .train import train, TrainingError
 from .devices import resolve_device
 from .rundir import run_status, read_metrics
@@ -25,65 +21,12 @@ from .jobs import EXECUTORS, check_executor, plan_study, prepare_once, run_jobs
 from .variants import VARIANTS, check_seeds, check_variants
 from .tables import write_tables, read_throughput
 from .claims import write_claims
+from .runner import repo_root, shown, check_folder, default_workers, check_spawn_guard, job_data
+from .runner import run_study_jobs, study_lock
 
 # %% auto #0
-__all__ = ['STUDY_LOCK_WAIT', 'STUDY_EXECUTORS', 'repo_root', 'shown', 'WorkerError', 'under_main_guard', 'check_spawn_guard',
-           'Study', 'study_key', 'check_folder', 'default_workers', 'check_params', 'run_dir_of', 'job_data',
-           'study_lock', 'run_study_jobs', 'collect', 'study_throughput', 'study_jobs', 'as_flag',
-           'check_study_executor', 'run_ablation', 'publish']
-
-# %% ../nbs/05_ablation.ipynb #ae478dee
-def repo_root() -> Path:
-    "The folder that holds `settings.ini` (the repository's top level)."
-    return settings_path().resolve().parent
-
-
-def shown(path) -> str:
-    "`path` as printed: relative to the repository when inside it (no machine's folders in committed outputs)."
-    p = Path(path).resolve()
-    return str(p.relative_to(repo_root())) if p.is_relative_to(repo_root()) else str(path)
-
-# %% ../nbs/05_ablation.ipynb #5b1e7c20
-class WorkerError(RuntimeError):
-    "A worker process of a study died (killed, out of memory, or a script that starts the study on import)."
-
-
-def _is_main_test(node) -> bool:
-    return isinstance(node, ast.If) and ast.unparse(node.test).replace('"', "'") in (
-        "__name__ == '__main__'",
-        "'__main__' == __name__",
-    )
-
-
-def under_main_guard(source: str, line: int) -> bool:
-    "Whether `line` of a script's `source` lies inside an `if __name__ == '__main__':` block."
-    nodes = ast.walk(ast.parse(source))
-    return any(_is_main_test(n) and n.lineno <= line <= n.end_lineno for n in nodes)
-
-# %% ../nbs/05_ablation.ipynb #f66d2782
-def check_spawn_guard(workers: int):
-    "Refuse `workers > 1` from the top level of a script without a `__main__` guard: each spawned worker re-runs it."
-    main = sys.modules.get('__main__')
-    if workers < 2 or getattr(mp.current_process(), '_inheriting', False):
-        msg = "a spawned worker is importing the script that started the study" if workers > 1 else None
-    else:
-        path, f = getattr(main, '__file__', None), sys._getframe(1)
-        while f is not None and not (f.f_code.co_name == '<module>' and f.f_globals is getattr(main, '__dict__', 0)):
-            f = f.f_back
-        try:
-            msg = (
-                None
-                if path is None or f is None or under_main_guard(Path(path).read_text(), f.f_lineno)
-                else (f"line {f.f_lineno} of {path} starts the study outside an `if __name__ == '__main__':` block")
-            )
-        except (OSError, SyntaxError, ValueError):
-            msg = None  # no readable script: nothing a worker would re-run
-    if msg:
-        raise ConfigError(
-            f"workers={workers} start processes with 'spawn', which re-runs the calling script in each of them, and "
-            f"{msg}: every worker would start the study again. Put the call under `if __name__ == '__main__':` "
-            "(Python's multiprocessing guide, 'safe importing of main module'), or pass workers=1."
-        )
+__all__ = ['STUDY_EXECUTORS', 'Study', 'study_key', 'check_params', 'run_dir_of', 'collect', 'study_throughput', 'study_jobs',
+           'as_flag', 'check_study_executor', 'run_ablation', 'publish']
 
 # %% ../nbs/05_ablation.ipynb #171ecc3c
 @dataclass
@@ -118,26 +61,6 @@ def study_key(variants, seeds) -> str:
         if len(key) <= 80
         else f"{len(variants)}variants-{len(seeds)}seeds-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
     )
-
-
-def check_folder(p: Path, what: str):
-    "Refuse a path that is a file, or lies under one, or whose nearest existing folder is read-only; creates nothing."
-    for q in [p, *p.parents]:
-        if q.exists():
-            if not q.is_dir():
-                raise ConfigError(f"{what} {p}: {q} is a file, not a folder. Pass a folder path for {what}.")
-            if not os.access(q, os.W_OK | os.X_OK):
-                raise ConfigError(f"{what} {p} is not writable ({q}); pass a writable {what}.")
-            return
-
-
-def default_workers(n_runs: int, device: str) -> int:
-    "One worker per visible GPU; on CPU one per two cores (each with half the threads); never more than the runs."
-    if device.startswith('cuda'):
-        n = torch.cuda.device_count()
-    else:
-        n = len(os.sched_getaffinity(0)) // 2 if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1) // 2
-    return max(1, min(n, n_runs))
 
 # %% ../nbs/05_ablation.ipynb #38b51f06
 def check_params(
@@ -184,17 +107,6 @@ def run_dir_of(out_dir, variant: str, seed: int) -> Path:
     return Path(out_dir) / 'runs' / f"{variant}-seed{seed}"
 
 
-_DATA = {}  # a worker's token data, loaded once from the parent's cache
-
-
-def job_data(job: dict):
-    "A job's token data: the parent's own (in this process), else loaded once per worker from the token cache."
-    data = job['data'] if job.get('data') is not None else _DATA.get(job['cfg'].name)
-    if data is None:
-        data = _DATA[job['cfg'].name] = prepare_data(job['cfg'], data_dir=job['data_dir'], verbose=False)
-    return data
-
-
 def _run_one(job: dict) -> str:
     "Train (if needed) and diagnose one (variant, seed); in this process or in a worker. Returns its final state."
     data, t0, head = job_data(job), time.time(), job.get('head', job['label'])
@@ -208,126 +120,6 @@ def _run_one(job: dict) -> str:
         return 'failed'
     print(f"{head}: done in {time.time() - t0:.0f}s", flush=True)
     return 'done'
-
-# %% ../nbs/05_ablation.ipynb #6c2f8d31
-class _Lines:
-    "A worker's stdout: every write goes to the parent, which prints it where the user looks (terminal or notebook)."
-
-    def __init__(self, q):
-        self.q = q
-
-    def write(self, s):
-        "Send `s` to the parent."
-        self.q.put(s)
-        return len(s)
-
-    def flush(self):
-        "Nothing to flush: every write is sent at once."
-
-
-def _init_worker(lines, threads: int, gpus):
-    sys.stdout = sys.stderr = _Lines(lines)
-    torch.set_num_threads(threads)
-    if gpus is not None:
-        torch.cuda.set_device(gpus.get())
-
-
-def _drain(q):
-    with contextlib.suppress(queue.Empty):
-        while True:
-            sys.stdout.write(q.get_nowait())
-
-# %% ../nbs/05_ablation.ipynb #ea0188ea
-def _state(result) -> str:
-    "A job's state from `result()` (a call or a future's): 'locked' when another process holds its run directory."
-    try:
-        return result()
-    except LockedError:
-        return 'locked'
-
-# %% ../nbs/05_ablation.ipynb #7d309e42
-def _run_parallel(jobs: list, work, workers: int, device: str) -> list:
-    "States of `jobs` run by `work` in `workers` spawned processes, each with 1/workers of the threads (or a GPU)."
-    from looped_lm import ablation as mod  # the exported functions: what a spawned process can import
-
-    ctx = mp.get_context('spawn')
-    lines, gpus = ctx.Queue(), None
-    if device.startswith('cuda') and torch.cuda.device_count() > 1:
-        gpus = ctx.Queue()
-        for i in range(torch.cuda.device_count()):
-            gpus.put(i)
-    threads, states = max(1, torch.get_num_threads() // workers), [None] * len(jobs)
-    with ProcessPoolExecutor(
-        workers, mp_context=ctx, initializer=mod._init_worker, initargs=(lines, threads, gpus)
-    ) as ex:
-        pending = {ex.submit(work, {k: v for k, v in j.items() if k != 'data'}): i for i, j in enumerate(jobs)}
-        try:
-            while pending:
-                done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                _drain(lines)
-                for f in done:
-                    states[pending.pop(f)] = _state(f.result)  # a RunDirError or other mistake stops the study here
-        except BrokenProcessPool as e:
-            raise WorkerError(
-                f"A worker process died ({e}). If the study was started from a script, put the call under "
-                "`if __name__ == '__main__':` or pass workers=1; otherwise look for a killed or out-of-memory process."
-            ) from None
-        except BaseException:
-            for f in pending:
-                f.cancel()
-            raise
-        finally:
-            _drain(lines)
-    return states
-
-# %% ../nbs/05_ablation.ipynb #8e41af53
-STUDY_LOCK_WAIT = 30.0  # s: a killed papermill job's kernel exits within ~1 s (its parent poll); a study publishes in s
-
-
-def study_lock(out_dir, timeout: float = STUDY_LOCK_WAIT):
-    "The lock on a study folder, for writing its records, tables, claims and figures; waits `timeout` s for a holder."
-    return dir_lock(out_dir, what='study', wait=True, timeout=timeout)
-
-
-def _lock_free(run_dir) -> bool:
-    try:
-        with dir_lock(run_dir, 'run'):
-            return True
-    except LockedError:
-        return False
-
-# %% ../nbs/05_ablation.ipynb #8b2f1730
-def run_study_jobs(jobs: list, work, workers: int = 1, device: str = 'cpu', lock_wait: float = 600.0, poll=1.0) -> list:
-    """The state of each job after `work(job)` ran it (job: a dict with `label`, `run_dir`, ...; `work`: a module-level
-    function), here or in `workers` processes. A run another process holds goes last: the others run first, then it is
-    waited for up to `lock_wait` s; one still held then is 'locked', with a message. Shared by every study."""
-    jobs = [dict(j, head=j.get('head') or f"[{i}/{len(jobs)}] {j['label']}") for i, j in enumerate(jobs, 1)]
-
-    def run(job):
-        return _state(lambda: work(job))
-
-    states = [run(j) for j in jobs] if workers == 1 else _run_parallel(jobs, work, workers, device)
-    held, deadline = [i for i, s in enumerate(states) if s == 'locked'], time.monotonic() + lock_wait
-    if held:
-        names = ', '.join(jobs[i]['label'] for i in held)
-        print(
-            f"held by another process: {names}; the other runs are finished, waiting up to {lock_wait:.0f} s",
-            flush=True,
-        )
-    while held:
-        for i in [i for i in held if _lock_free(jobs[i]['run_dir'])]:
-            states[i] = run(jobs[i])
-        held = [i for i in held if states[i] == 'locked']
-        if held and time.monotonic() >= deadline:
-            for i in held:
-                print(
-                    f"{jobs[i]['head']}: still held by another process after {lock_wait:.0f} s: reported as 'locked'; "
-                    "run the study again when that process has finished (nothing finished is retrained)",
-                    flush=True,
-                )
-            break
-        time.sleep(poll if held else 0)
-    return states
 
 # %% ../nbs/05_ablation.ipynb #c02240a4
 def _train_radial(run_dir) -> float:

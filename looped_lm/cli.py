@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse, sys
 from .config import ConfigError, load_preset, list_presets, parse_values
 from .files import LockedError, WriteError
-from .data import DataNotFoundError
+from .corpus import DataNotFoundError
 from .rundir import RunDirError
 from .train import train, TrainingError
 from .devices import world

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses, json, math, statistics, time
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
-from .data import bits_per_byte, word_perplexity
+from .batches import bits_per_byte, word_perplexity
 from .files import write_atomic
 from .protocol import LoopSpecError, as_spec, run_loops, token_windows, CLAMPS
 from .protocol import clamp_refusal, readout_pieces, token_ce

@@ -5,220 +5,21 @@ subset of variants and seeds."""
 
 # %% ../nbs/06_figures.ipynb #ee6cb7b7
 from __future__ import annotations
-import errno, io, math, os, re
-from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import matplotlib
 import matplotlib.pyplot as plt
 import seaborn as sns
-import torch
-from .config import ExperimentConfig
-from .files import write_atomic
 from .reports import radial_scale_of
-from .lemmas import radial_fraction
-from .model import LoopedLMConfig, forward_flops_per_token
-from .rundir import read_json, read_metrics
-from .variants import VARIANTS, check_variants, check_seeds
-from .tables import endpoint, endpoint_correlations, read_throughput
-from .ablation import collect
+from .variants import VARIANTS
+from .tables import endpoint_correlations
+from .results import Results, ResultsError, load_results, variant_order, palette, STYLE, check_fig_dir, save
+from .results import Skip, _band, _legend, _grid, _need, _exits, exit_flops, float32_floor, endpoint_points
 
 # %% auto #0
-__all__ = ['RERUN', 'STYLE', 'METADATA', 'POLICY_MARKERS', 'HALT_MIN_SAVED', 'CLAMP_STYLE', 'LEMMA2', 'FIGURES', 'ResultsError',
-           'read_results_json', 'variant_order', 'palette', 'found_runs', 'Results', 'load_results', 'figure_bytes',
-           'check_fig_dir', 'save', 'Skip', 'exit_flops', 'float32_floor', 'endpoint_points', 'fig_training_drift',
-           'fig_norm_tail', 'fig_ppl_vs_exit', 'saves_compute', 'halting_points', 'fig_frontier', 'measured_throughput',
-           'fig_radial', 'fig_scale', 'fig_clamp_modes', 'fig_lemma2', 'fig_endpoint', 'FigureSet', 'make_figures']
-
-# %% ../nbs/06_figures.ipynb #ec5b1246
-class ResultsError(RuntimeError):
-    "A results folder, results file or figure folder that cannot be used; the message names it and the fix."
-
-
-RERUN = "rerun nbs/05_ablation.ipynb on this out_dir (it retrains nothing and recomputes only what is missing)"
-
-
-def _damaged_results(path: Path, e: Exception):
-    "A damaged results file (`read_json`'s `damaged`): a `ResultsError` naming it and the fix."
-    raise ResultsError(f"{path} is damaged ({type(e).__name__}: {e}). Delete that file and {RERUN}.") from None
-
-
-def read_results_json(path: Path):
-    """The JSON value in `path` (a missing file: `FileNotFoundError`); a damaged file is a `ResultsError` naming it
-    and the fix, never a raw JSONDecodeError."""
-    if not Path(path).exists():
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
-    return read_json(path, damaged=_damaged_results)
-
-# %% ../nbs/06_figures.ipynb #4c839c7d
-def variant_order(names) -> list:
-    "`names` in the ablation's order (the official group first)."
-    return sorted(names, key=list(VARIANTS).index)
-
-
-def palette(names) -> dict:
-    "One colour per variant, fixed by its place in the ablation's list, so it is the same in every figure and subset."
-    cols = sns.color_palette('tab10' if len(VARIANTS) <= 10 else 'tab20', len(VARIANTS))
-    return {n: cols[list(VARIANTS).index(n)] for n in names}
-
-# %% ../nbs/06_figures.ipynb #00cf9a8a
-_SEEDED = re.compile(r'^(?P<name>.+)-seed(?P<seed>\d+)$')
-
-
-def found_runs(out_dir) -> tuple:
-    """({(variant, seed)} of the ablation's run folders `out_dir/runs/<variant>-seed<N>/`, [folders of no known
-    variant])."""
-    runs, other = set(), []
-    for rd in sorted((Path(out_dir) / 'runs').glob('*-seed*')):
-        m = _SEEDED.match(rd.name)
-        if m and m['name'] in VARIANTS:
-            runs.add((m['name'], int(m['seed'])))
-        elif rd.is_dir():
-            other.append(rd.name)
-    return runs, other
-
-# %% ../nbs/06_figures.ipynb #7c2cc5b7
-@dataclass
-class Results:
-    """A study read back from its folder: per variant (the ablation's order) one record per seed, the study's
-    throughput, notes."""
-
-    out_dir: Path
-    runs: dict  # variant -> [dict(seed, run_dir, diag, metrics, config)]
-    throughput: list | None = None
-    notes: list = field(default_factory=list)
-
-    def having(self, key: str, kind=None) -> dict:
-        "The variants whose every seed's report has `key` (of type `kind`, if given)."
-        ok = lambda d: key in d and d[key] is not None and (kind is None or isinstance(d[key], kind))
-        return {v: rs for v, rs in self.runs.items() if all(ok(r['diag']) for r in rs)}
-
-# %% ../nbs/06_figures.ipynb #fa714abc
-def load_results(out_dir, variants=None, seeds=None) -> Results:
-    """The finished, diagnosed runs of `out_dir` (default: every run folder there), read through the ablation's
-    `collect`."""
-    out_dir = Path(out_dir)
-    if not out_dir.is_dir():
-        raise ResultsError(f"{out_dir} is not a results folder; run nbs/05_ablation.ipynb into it first.")
-    found, other = found_runs(out_dir)
-    names = check_variants(variants) if variants is not None else variant_order({v for v, _ in found})
-    want = check_seeds(seeds, []) if seeds is not None else sorted({s for _, s in found})
-    notes = [f"run folders of no known variant left out: {', '.join(other)}."] if other else []
-    runs = {}
-    for r in collect(out_dir, names, want) if names and want else []:
-        if r['status'] != 'done':
-            if (r['variant'], r['seed']) in found:
-                notes.append(f"{r['variant']} seed {r['seed']}: left out ({r['status']}; {RERUN}).")
-            continue
-        rd = Path(r['run_dir'])
-        runs.setdefault(r['variant'], []).append(
-            dict(
-                seed=r['seed'],
-                run_dir=rd,
-                diag=r['diag'],
-                metrics=read_metrics(rd, 'train'),
-                config=read_results_json(rd / 'config.json'),
-            )
-        )
-    notes += [f"{v}: no finished run in {out_dir}." for v in names if v not in runs]
-    return Results(out_dir, runs, read_throughput(out_dir), notes)
-
-# %% ../nbs/06_figures.ipynb #2a824943
-STYLE = dict(context='paper', style='whitegrid', font_scale=1.1)
-# No dates and no version strings: the same results give byte-identical files on every rerun (and matplotlib release).
-METADATA = dict(png={'Software': None}, pdf={'Creator': None, 'Producer': None, 'CreationDate': None})
-
-
-def figure_bytes(fig, fmt: str) -> bytes:
-    "The figure as PNG or PDF bytes, without any date or version in the file."
-    buf = io.BytesIO()
-    fig.savefig(buf, format=fmt, dpi=150, bbox_inches='tight', metadata=METADATA[fmt])
-    return buf.getvalue()
-
-
-def check_fig_dir(fig_dir) -> Path:
-    "`fig_dir`, created; a path that is a file, or a folder we cannot write, is refused before anything is drawn."
-    fig_dir = Path(fig_dir)
-    if fig_dir.exists() and not fig_dir.is_dir():
-        raise ResultsError(f"fig_dir {fig_dir} is a file; pass a folder (or remove that file).")
-    try:
-        fig_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ResultsError(f"Cannot create fig_dir {fig_dir} ({e.strerror}); pass a writable folder.") from None
-    if not os.access(fig_dir, os.W_OK):
-        raise ResultsError(f"fig_dir {fig_dir} is not writable; pass a writable folder.")
-    return fig_dir
-
-
-def save(fig, fig_dir, name) -> list:
-    """Write `name`.png and `name`.pdf atomically (temporary file, then rename): a kill never leaves a half-written
-    figure."""
-    paths = [Path(fig_dir) / f'{name}.{fmt}' for fmt in ('png', 'pdf')]
-    for p in paths:
-        write_atomic(p, figure_bytes(fig, p.suffix[1:]))
-    return paths
-
-# %% ../nbs/06_figures.ipynb #0e041c57
-class Skip(Exception):
-    "Raised by a figure function when the results hold nothing it can draw; the message says what is missing."
-
-
-def _band(ax, x, ys, color, label, **kw):
-    "The mean over seeds as a line, min–max over seeds as a band (rows of `ys` cut to the shortest)."
-    n = min(len(y) for y in ys)
-    ys = np.asarray([y[:n] for y in ys], dtype=float)
-    x = np.asarray(x[:n])
-    ax.plot(x, ys.mean(0), color=color, label=label, **kw)
-    if len(ys) > 1:
-        ax.fill_between(x, ys.min(0), ys.max(0), color=color, alpha=0.2, lw=0)
-    return ys.mean(0)
-
-
-def _legend(ax):
-    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1))
-
-
-def _grid(n: int, w=3.0, h=2.7, cols=4, **kw):
-    "`n` small panels in rows of at most `cols`; the unused ones are hidden."
-    rows = math.ceil(n / cols)
-    c = min(n, cols)
-    fig, axs = plt.subplots(rows, c, figsize=(w * c, h * rows), squeeze=False, **kw)
-    for ax in axs.flat[n:]:
-        ax.set_visible(False)
-    return fig, list(axs.flat[:n])
-
-
-def _need(found: dict, what: str) -> dict:
-    if not found:
-        raise Skip(f"no variant has {what}")
-    return found
-
-
-def _exits(seeds) -> list:
-    return [s['diag']['exits']['validation'] for s in seeds]  # validation, as the paper reports
-
-# %% ../nbs/06_figures.ipynb #9b9ffabb
-def exit_flops(run: dict) -> list:
-    "Forward FLOPs per token at exits k = 1..K of a run, exact, from its own config."
-    cfg = ExperimentConfig(**run['config'])
-    mc = LoopedLMConfig.from_experiment(cfg)
-    return [forward_flops_per_token(mc, cfg.seq_len, k) for k in range(1, mc.K + 1)]
-
-
-def float32_floor(d: int, n: int = 512, seed: int = 0) -> float:
-    """The radial fraction that float32 rounding alone reports for a gradient exactly tangential to h (width `d`), 2
-    digits."""
-    g = torch.Generator().manual_seed(seed)
-    h, v = (torch.randn(n, d, generator=g, dtype=torch.float64) for _ in range(2))
-    v = v - (v * h).sum(-1, keepdim=True) / (h * h).sum(-1, keepdim=True) * h  # exactly tangential, in float64
-    return float(f"{radial_fraction(v.float(), h.float()).item():.2g}")
-
-
-def endpoint_points(res: Results) -> list:
-    """Per (variant, seed) the ablation's `endpoint`: CE gap ln PPL@1 - ln PPL@K, log10 ||H_K||, log10 readout radial
-    fraction."""
-    ok = set(res.having('exits', dict)) & set(res.having('norms', list)) & set(res.having('radial', list))
-    return [dict(variant=v, seed=s['seed'], **endpoint(s)) for v, seeds in res.runs.items() if v in ok for s in seeds]
+__all__ = ['POLICY_MARKERS', 'HALT_MIN_SAVED', 'CLAMP_STYLE', 'LEMMA2', 'FIGURES', 'fig_training_drift', 'fig_norm_tail',
+           'fig_ppl_vs_exit', 'saves_compute', 'halting_points', 'fig_frontier', 'fig_radial', 'fig_scale',
+           'fig_clamp_modes', 'fig_lemma2', 'fig_endpoint', 'FigureSet', 'make_figures']
 
 # %% ../nbs/06_figures.ipynb #9adec1ae
 def fig_training_drift(res: Results):
@@ -274,17 +75,20 @@ def fig_norm_tail(res: Results):
     return fig
 
 # %% ../nbs/06_figures.ipynb #7fd1f2b8
+def _loss_groups(runs: dict) -> list:
+    "[(panel title, {variant: seeds})]: the per-loop-loss and the terminal-loss variants apart, empty groups dropped."
+    groups = [(title, {v: rs for v, rs in runs.items() if VARIANTS[v].per_loop == per_loop})
+              for title, per_loop in (('per-loop loss', True), ('terminal loss (early exits never trained)', False))]
+    return [(t, g) for t, g in groups if g]
+
+
 def fig_ppl_vs_exit(res: Results):
     """Perplexity at every exit depth k (validation, as the paper reports), mean and min–max over seeds; per-loop-loss
     and terminal-loss variants in separate panels, each on its own y-range (a terminal loss never trains
     early exits)."""
     runs = _need(res.having('exits', dict), 'per-exit perplexities')
     pal = palette(runs)
-    groups = [
-        (title, {v: rs for v, rs in runs.items() if VARIANTS[v].per_loop == per_loop})
-        for title, per_loop in (('per-loop loss', True), ('terminal loss (early exits never trained)', False))
-    ]
-    groups = [(t, g) for t, g in groups if g]
+    groups = _loss_groups(runs)
     fig, axs = plt.subplots(1, len(groups), figsize=(4.6 * len(groups), 3.6), squeeze=False)
     for ax, (title, group) in zip(axs[0], groups):
         for v, seeds in group.items():
@@ -348,15 +152,13 @@ def _frontier_panel(ax, group: dict, pal: dict):
     ax.set_yscale('log')
     ax.set_xlabel('forward FLOPs per token (exit k)')
 
-
+# %% ../nbs/06_figures.ipynb #c8a785a5
 def fig_frontier(res: Results):
     """Perplexity against forward compute per token at each exit (labels: k), with the calibrated halting points;
     per-loop-loss and terminal-loss variants in separate panels, each on its own y-range (as `fig_ppl_vs_exit`)."""
     runs = _need(res.having('exits', dict), 'per-exit perplexities')
     pal = palette(runs)
-    groups = [(t, {v: rs for v, rs in runs.items() if VARIANTS[v].per_loop == per_loop})
-              for t, per_loop in (('per-loop loss', True), ('terminal loss (early exits never trained)', False))]
-    groups = [(t, g) for t, g in groups if g]
+    groups = _loss_groups(runs)
     markers = [matplotlib.lines.Line2D([], [], ls='', marker=m, color='k', mfc='none', label=f'halting: {p}')
                for p, m in POLICY_MARKERS.items()]
     fig, axs = plt.subplots(1, len(groups), figsize=(4.6 * len(groups), 3.8), squeeze=False)
@@ -371,14 +173,37 @@ def fig_frontier(res: Results):
                  'hollow = token)', fontsize=9, y=1.02)
     return fig
 
-# %% ../nbs/06_figures.ipynb #926db269
-def measured_throughput(res: Results):
-    "The study's measured evaluation throughput per exit (machine-dependent: a caption, not a figure axis), or None."
-    import pandas as pd
-
-    return None if not res.throughput else pd.DataFrame(res.throughput).set_index('k')
-
 # %% ../nbs/06_figures.ipynb #11d22afd
+def _radial_panel(ax, runs: dict, kind: str, pal: dict):
+    """One panel of the radial figure: per variant the seed band of the `kind` fraction; for the readout, the lemma's
+    exact prediction (crosses) and its scale (dashed) where every report has them."""
+    for v, seeds in runs.items():
+        rs = [s['diag']['radial'] for s in seeds]
+        ks = [r['k'] for r in rs[0]]
+        _band(ax, ks, [[r[kind] for r in x] for x in rs], pal[v], v, marker='o')
+        if kind != 'readout':
+            continue
+        if all(radial_scale_of(r) is not None for x in rs for r in x):  # `predicted` before DIAG_VERSION 5
+            ax.plot(ks, np.mean([[radial_scale_of(r) for r in x] for x in rs], 0), '--', color=pal[v], lw=1)
+        if all(r.get('exact') is not None for x in rs for r in x):  # the lemma per token, token mean
+            ax.plot(ks, np.mean([[r['exact'] for r in x] for x in rs], 0), 'x', color=pal[v], ms=6, mew=1.2)
+    ax.set_yscale('log')
+    ax.set_xlabel('loop k')
+    ax.set_title(f"gradient of the {'readout CE' if kind == 'readout' else 'training objective'}")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+
+
+def _floor_line(axs, runs: dict):
+    "The float32 rounding floor at the smallest width of `runs`, dotted across every panel and labelled in the first."
+    widths = sorted({s['config']['d_model'] for seeds in runs.values() for s in seeds if s['config'].get('d_model')})
+    for d in widths[:1]:
+        fl = float32_floor(d)
+        for ax in axs:
+            ax.axhline(fl, color='k', ls=':', lw=1)
+        axs[0].annotate(f'float32 rounding floor (d={d}): {fl:.1e}', (0.02, fl), xycoords=('axes fraction', 'data'),
+                        fontsize=7, xytext=(0, 3), textcoords='offset points')
+
+# %% ../nbs/06_figures.ipynb #11d22afe
 def fig_radial(res: Results):
     """Radial gradient fractions per loop (float64), the visibility lemma's exact prediction (crosses), its
     eps/mean(H^2) scale (dashed) and the float32 rounding floor (dotted)."""
@@ -386,33 +211,8 @@ def fig_radial(res: Results):
     pal = palette(runs)
     fig, axs = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     for ax, kind in zip(axs, ('readout', 'objective')):
-        for v, seeds in runs.items():
-            rs = [s['diag']['radial'] for s in seeds]
-            ks = [r['k'] for r in rs[0]]
-            _band(ax, ks, [[r[kind] for r in x] for x in rs], pal[v], v, marker='o')
-            if kind != 'readout':
-                continue
-            if all(radial_scale_of(r) is not None for x in rs for r in x):  # `predicted` before DIAG_VERSION 5
-                ax.plot(ks, np.mean([[radial_scale_of(r) for r in x] for x in rs], 0), '--', color=pal[v], lw=1)
-            if all(r.get('exact') is not None for x in rs for r in x):  # the lemma per token, token mean
-                ax.plot(ks, np.mean([[r['exact'] for r in x] for x in rs], 0), 'x', color=pal[v], ms=6, mew=1.2)
-        ax.set_yscale('log')
-        ax.set_xlabel('loop k')
-        ax.set_title(f"gradient of the {'readout CE' if kind == 'readout' else 'training objective'}")
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    widths = sorted({s['config']['d_model'] for seeds in runs.values() for s in seeds if s['config'].get('d_model')})
-    for d in widths[:1]:
-        fl = float32_floor(d)
-        for ax in axs:
-            ax.axhline(fl, color='k', ls=':', lw=1)
-        axs[0].annotate(
-            f'float32 rounding floor (d={d}): {fl:.1e}',
-            (0.02, fl),
-            xycoords=('axes fraction', 'data'),
-            fontsize=7,
-            xytext=(0, 3),
-            textcoords='offset points',
-        )
+        _radial_panel(ax, runs, kind, pal)
+    _floor_line(axs, runs)
     axs[0].set_ylabel('radial fraction (×: lemma, exact; dashed: ε/mean(H²))')
     _legend(axs[-1])
     return fig
@@ -491,55 +291,42 @@ def fig_lemma2(res: Results):
     return fig
 
 # %% ../nbs/06_figures.ipynb #458266d3
+def _endpoint_scatter(ax, pts: list):
+    "One marker per (variant, seed) at (CE gap, log10 ||H_K||), one colour per variant, in the ablation's order."
+    pal = palette({p['variant'] for p in pts})
+    for v in variant_order({p['variant'] for p in pts}):
+        q = [p for p in pts if p['variant'] == v]
+        ax.scatter([p['gap'] for p in q], [p['log10_norm'] for p in q], color=pal[v], label=v, s=40, edgecolor='k',
+                   lw=0.5, zorder=3)
+
+
+def _endpoint_quadrants(ax, pts: list, log_norm_threshold: float):
+    "Symlog x, limits around every point and the norm threshold, and the four quadrants named in the corners."
+    ax.set_xscale('symlog', linthresh=1.0)
+    gaps, ys = [p['gap'] for p in pts], [p['log10_norm'] for p in pts]
+    ax.set_xlim(min(-0.45, min(gaps) - 0.2), max(10.0, 2 * max(gaps)))
+    ax.set_ylim(min(ys + [log_norm_threshold]) - 0.4, max(ys + [log_norm_threshold]) + 0.4)
+    for x, y, text in ((0.02, 0.97, 'usable exits + drift'), (0.98, 0.97, 'bad exits + drift'),
+                       (0.02, 0.03, 'usable + controlled'), (0.98, 0.03, 'bad exits + controlled')):
+        ax.text(x, y, text, transform=ax.transAxes, fontsize=7, color='dimgray', ha='left' if x < 0.5 else 'right',
+                va='top' if y > 0.5 else 'bottom')
+
+# %% ../nbs/06_figures.ipynb #458266d4
 def fig_endpoint(res: Results, gap_threshold: float = 1.0, log_norm_threshold: float = 2.0):
     "Each (variant, seed): CE gap ln PPL@1 - ln PPL@K (symlog x) against log10 ||H_K||, with the paper's quadrants."
     pts = endpoint_points(res)
     if not pts:
         raise Skip('no variant has exits and final-loop norms')
-    pal = palette({p['variant'] for p in pts})
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.axvline(gap_threshold, color='gray', ls='--', lw=0.9)
     ax.axhline(log_norm_threshold, color='gray', ls='--', lw=0.9)
-    for v in variant_order({p['variant'] for p in pts}):
-        q = [p for p in pts if p['variant'] == v]
-        ax.scatter(
-            [p['gap'] for p in q],
-            [p['log10_norm'] for p in q],
-            color=pal[v],
-            label=v,
-            s=40,
-            edgecolor='k',
-            lw=0.5,
-            zorder=3,
-        )
-    ax.set_xscale('symlog', linthresh=1.0)
-    gaps, ys = [p['gap'] for p in pts], [p['log10_norm'] for p in pts]
-    ax.set_xlim(min(-0.45, min(gaps) - 0.2), max(10.0, 2 * max(gaps)))
-    ax.set_ylim(min(ys + [log_norm_threshold]) - 0.4, max(ys + [log_norm_threshold]) + 0.4)
-    for x, y, text in (
-        (0.02, 0.97, 'usable exits + drift'),
-        (0.98, 0.97, 'bad exits + drift'),
-        (0.02, 0.03, 'usable + controlled'),
-        (0.98, 0.03, 'bad exits + controlled'),
-    ):
-        ax.text(
-            x,
-            y,
-            text,
-            transform=ax.transAxes,
-            fontsize=7,
-            color='dimgray',
-            ha='left' if x < 0.5 else 'right',
-            va='top' if y > 0.5 else 'bottom',
-        )
+    _endpoint_scatter(ax, pts)
+    _endpoint_quadrants(ax, pts, log_norm_threshold)
     c = endpoint_correlations(pts)
     ax.set_xlabel(r'CE gap $\ln PPL_1 - \ln PPL_K$ (symlog)')
     ax.set_ylabel(r'$\log_{10} \|H_K\|$')
-    ax.set_title(
-        f"Endpoint picture (log radial vs log norm: Pearson {c['pearson']:.2f}"
-        f", Spearman {c['spearman']:.2f}, n={c['runs']})",
-        fontsize=8,
-    )
+    ax.set_title(f"Endpoint picture (log radial vs log norm: Pearson {c['pearson']:.2f}"
+                 f", Spearman {c['spearman']:.2f}, n={c['runs']})", fontsize=8)
     _legend(ax)
     return fig
 

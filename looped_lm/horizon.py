@@ -26,7 +26,7 @@ from .protocol import as_spec
 from .variants import VARIANTS, GROUPS, check_variants, check_seeds
 from .tables import to_markdown
 from .claims import HALT_POLICY, measures
-from looped_lm.ablation import (
+from looped_lm.runner import (
     check_folder, check_spawn_guard, default_workers, job_data, repo_root, run_study_jobs, study_lock,
 )
 from .scaling import add_c6

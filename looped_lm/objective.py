@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 import torch, torch.nn as nn
 from .config import ExperimentConfig
-from .data import get_batch, TokenData, window_batch
+from .data import TokenData
+from .batches import get_batch, window_batch
 
 # %% auto #0
 __all__ = ['norm_penalty', 'objective', 'param_groups', 'make_optimizer', 'lr_at', 'train_batch']

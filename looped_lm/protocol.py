@@ -11,7 +11,7 @@ import numpy as np
 import torch, torch.nn as nn, torch.nn.functional as F
 from .model import LoopedLM
 from .lemmas import radial_tangential
-from .data import eval_batches
+from .batches import eval_batches
 
 # %% auto #0
 __all__ = ['CLAMPS', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'as_spec', 'clamp_state', 'clamp_refusal', 'run_loops',

@@ -22,7 +22,7 @@ from .reports import DIAG_VERSION, radial_scale_of, checkpoint_id, matches_key
 from .protocol import as_spec
 from .variants import VARIANTS, check_variants, check_seeds, AT_RISK
 from .tables import to_markdown
-from .ablation import repo_root, check_folder, job_data, run_study_jobs, study_lock
+from .runner import repo_root, check_folder, job_data, run_study_jobs, study_lock
 from .growth import fit_growth, growth_row, short_number, fit_sentence, carry_sentence
 from .scaling_grid import RECIPES, AXES, Grid, GRIDS, scaling_points, estimate_seconds
 from .scaling_grid import Job, Plan, scaling_run_dir

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt, seaborn as sns
 from matplotlib.ticker import NullFormatter
 from .rundir import read_metrics
 from .variants import check_variants
-from .figures import STYLE, palette, save, check_fig_dir
+from .results import STYLE, palette, save, check_fig_dir
 from .growth import PAPER_DRIFT, PAPER_TOKENS
 from .scaling_grid import AXES, Plan, scaling_run_dir
 from .scaling import Scaling, axis_rows

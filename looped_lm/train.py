@@ -14,7 +14,8 @@ from .model import LoopedLM, LoopedLMConfig, train_flops_per_token
 from .lemmas import radial_fraction
 from .progress import Progress, Guard
 from .files import write_atomic, sweep_stale_tmp
-from .data import prepare_data, eval_batches, TokenData
+from .data import prepare_data, TokenData
+from .batches import eval_batches
 from .devices import resolve_device, autocast, init_distributed, _barrier, _over_ranks
 from .objective import make_optimizer, lr_at, train_batch, objective
 from looped_lm.rundir import (

@@ -7,7 +7,7 @@ from unittest import mock
 import numpy as np, pytest, torch
 from looped_lm.ablation import check_params, run_ablation
 from looped_lm.config import ConfigError, load_preset, settings_path
-import looped_lm.data as D
+import looped_lm.corpus as D
 from looped_lm.data import DataNotFoundError, prepare_data, tokenizer_path
 from looped_lm.model import LoopedLM, LoopedLMConfig
 from looped_lm.train import train

@@ -35,7 +35,7 @@ def tiny(tmp_path):
 
 def source_text(td, s, join):
     "The text the split's `n_bytes` counts: its non-blank rows joined by `join`."
-    from looped_lm.data import iter_rows, load_corpus
+    from looped_lm.corpus import iter_rows, load_corpus
 
     return join.join(r for r in iter_rows(load_corpus('tiny', td.cache_dir.parents[1] / 'copy', verbose=False)[s]) if r)
 

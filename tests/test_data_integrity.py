@@ -10,14 +10,9 @@ import numpy as np, pytest, torch
 
 import looped_lm.files as F
 from looped_lm.config import load_preset
-from looped_lm.data import (
-    DataNotFoundError,
-    bits_per_byte,
-    prepare_data,
-    window_batch,
-    window_starts,
-    word_perplexity,
-)
+from looped_lm.batches import bits_per_byte, window_batch, window_starts, word_perplexity
+from looped_lm.corpus import DataNotFoundError
+from looped_lm.data import prepare_data
 from looped_lm.files import LockedError, WriteError, dir_lock, sweep_stale_tmp, write_atomic
 from looped_lm.tokenizer import RegexTokenizer
 
@@ -346,7 +341,7 @@ def test_window_batch_epochs_and_determinism():
     assert sorted(seen[:n]) == starts.tolist() and sorted(seen[n : 2 * n]) == starts.tolist()
     a = window_batch(toy, B, 256, 128, 42, 7)
     code = (
-        "import numpy as np, torch; from looped_lm.data import window_batch\n"
+        "import numpy as np, torch; from looped_lm.batches import window_batch\n"
         "x, y = window_batch(np.arange(5000, dtype=np.uint16), 5, 256, 128, 42, 7); print(x[:, 0].tolist())"
     )
     other = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)

@@ -19,7 +19,9 @@ LAYERS = [
     ['model'],
     ['files'],  # atomic writes, locks, content hashes (01b)
     ['tokenizer'],  # text to ids and back (02a): the BPE and the official regex tokenizer; writes with files
+    ['corpus'],  # a corpus's text: the local copy or the Hub, its rows and article starts (01e), below data
     ['data'],
+    ['batches'],  # training and evaluation windows of the ids, bits per byte (02e); imports no package module
     ['devices'],  # the device, bf16 autocast and the ranks of a DDP run (02c); imports config only
     ['objective'],  # the training objective, AdamW, the lr schedule and the training batch (02d), over data
     ['rundir'],
@@ -38,10 +40,12 @@ LAYERS = [
     ['fixtures'],  # made-up finished runs for checks and tests (05d), over the claims' clamp modes
     ['hub'],
     ['jobs'],  # one job per run (submitit), below the studies that submit them
+    ['runner'],  # the studies' shared runner (05e): workers, locks, the __main__ guard, where results go
     ['growth'],  # power-law fits of the drift and their intervals (07b), shared by the scaling and horizon studies
     ['horizon_analysis'],  # the horizon table's three analyses (08a), below the horizon study that writes the table
     ['scaling_grid'],  # the scaling grid (07c): axes, points, named grids, their cost, Job and Plan; no study
     ['ablation', 'scaling', 'horizon'],  # studies
+    ['results'],  # a study read back from its folder and the figures' shared pieces (05f), below the figures
     ['figures', 'scaling_figures'],  # figures from results folders (the scaling grid's from 07a)
 ]
 LAYER = {m: i for i, layer in enumerate(LAYERS) for m in layer}

@@ -183,7 +183,7 @@ def test_interrupted_point_resumes_and_stale_measurements_are_redone(tmp_path, s
 
 def test_the_committed_cpu_grid_reads_back_and_refits():
     "figures/scaling-cpu/scaling.md (3 digits) gives back the committed exponents, and a 95% band wider than ±1 s.e."
-    from looped_lm.ablation import repo_root
+    from looped_lm.runner import repo_root
     from looped_lm.scaling import growth_table, published_table, read_markdown_table
 
     folder, plan = repo_root() / 'figures' / 'scaling-cpu', check_scaling('cpu')

@@ -13,15 +13,8 @@ import pytest
 from looped_lm.config import ConfigError
 from looped_lm.data import LockedError, dir_lock
 from looped_lm.variants import GROUPS, VARIANTS, check_seeds, check_variants
-from looped_lm.ablation import (
-    check_params,
-    check_spawn_guard,
-    run_ablation,
-    run_dir_of,
-    run_study_jobs,
-    study_key,
-    study_lock,
-)
+from looped_lm.ablation import check_params, run_ablation, run_dir_of, study_key
+from looped_lm.runner import check_spawn_guard, run_study_jobs, study_lock
 
 
 @pytest.mark.parametrize('given', [[0, 1, 2], (0, 1, 2), '[0, 1, 2]', '0, 1, 2', '0,1,2', '[0,1,2]'])
