@@ -242,6 +242,36 @@ def _mark_failed(records: list, outcomes: list) -> list:
             r.pop('diag', None)
     return records
 
+# %% ../nbs/05_ablation.ipynb #0c9ad5d0
+def _announce(st: Study, jobs: list, executor: str, plan_only: bool, on_jobs: bool):
+    "Print the study about to run: how many runs of what, how they run, and where the results go."
+    how = 'planned' if plan_only else f"{st.workers} worker(s)" if not on_jobs else f"{executor} jobs"
+    print(
+        f"study: {len(jobs)} runs of {st.preset} ({', '.join(st.variants)} x seeds {st.seeds}), {how}; "
+        f"results in {shown(st.study_dir)}",
+        flush=True,
+    )
+
+
+def _study_states(st: Study, jobs: list, outcomes, device, lock_wait: float) -> list:
+    "Each run's final state: its job's (`outcomes` of submitit jobs), else trained here by `run_study_jobs`."
+    if outcomes is not None:
+        return [o.state for o in outcomes]
+    from looped_lm import ablation as mod  # the exported `_run_one`: what a spawned worker can import
+
+    return run_study_jobs(jobs, mod._run_one, st.workers, device, lock_wait)
+
+
+def _publish_locked(st: Study, states: list, outcomes, device, data) -> list:
+    "Under the study lock: the records (locked runs, and failed jobs of `outcomes`, marked), published; the records."
+    st.study_dir.mkdir(parents=True, exist_ok=True)
+    with study_lock(st.out_dir):
+        records = _mark_locked(collect(st.out_dir, st.variants, st.seeds), states, st.out_dir)
+        records = _mark_failed(records, outcomes) if outcomes is not None else records
+        throughput = None if outcomes is not None else study_throughput(st, device, data)  # jobs: measured nowhere here
+        publish(records, st, throughput)
+    return records
+
 # %% ../nbs/05_ablation.ipynb #0c9ad5cb
 def run_ablation(
     preset='cpu',
@@ -269,25 +299,14 @@ def run_ablation(
     data = None if on_jobs else prepare_data(st.cfg, data_dir=data_dir)  # the token cache, before any worker starts
     dev = None if on_jobs else str(resolve_device(st.cfg))  # None: each job's machine decides
     jobs = study_jobs(st, data, data_dir, dev, max_eval_batches, progress)
-    how = 'planned' if plan_only else f"{st.workers} worker(s)" if not on_jobs else f"{executor} jobs"
-    print(
-        f"study: {len(jobs)} runs of {preset} ({', '.join(st.variants)} x seeds {st.seeds}), {how}; "
-        f"results in {shown(st.study_dir)}",
-        flush=True,
-    )
+    _announce(st, jobs, executor, plan_only, on_jobs)
+    outcomes = None  # in-process: no job outcomes
     if on_jobs:
         outcomes = _run_as_jobs(st, jobs, executor, data_dir, plan_only, opts)
         if plan_only:
             return outcomes  # the plan
-    from looped_lm import ablation as mod  # the exported `_run_one`: what a spawned worker can import
-
-    states = [o.state for o in outcomes] if on_jobs else run_study_jobs(jobs, mod._run_one, st.workers, dev, lock_wait)
-    st.study_dir.mkdir(parents=True, exist_ok=True)
-    with study_lock(st.out_dir):
-        records = _mark_locked(collect(st.out_dir, st.variants, st.seeds), states, st.out_dir)
-        records = _mark_failed(records, outcomes) if on_jobs else records
-        publish(records, st, None if on_jobs else study_throughput(st, dev, data))  # jobs: measured nowhere here
-    return records
+    states = _study_states(st, jobs, outcomes, dev, lock_wait)
+    return _publish_locked(st, states, outcomes, dev, data)
 
 # %% ../nbs/05_ablation.ipynb #acac9aa8
 def publish(records, st: Study, throughput=None):

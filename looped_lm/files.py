@@ -164,41 +164,56 @@ def _locked_msg(d: Path, what: str, h: dict) -> str:
         f"(The lock is released by the operating system when its holder exits, so a dead holder never blocks you.)"
     )
 
-# %% ../nbs/01b_files.ipynb #804a6c63
-@contextlib.contextmanager
-def dir_lock(path, what: str = 'run', wait: bool = False, timeout: float = None, poll: float = 0.1):
-    "Hold an exclusive lock on folder `path` (created if needed) for the block; another holder: `LockedError`, or wait."
-    import fcntl
-
-    d = Path(path)
-    d.mkdir(parents=True, exist_ok=True)
-    lp = d / LOCK_NAME
-    key = os.path.realpath(lp)
+# %% ../nbs/01b_files.ipynb #804a6c70
+def _refuse_nested(key: str, d: Path, what: str):
+    "Refuse a second lock on lock file `key` while this process holds it: it would wait for itself."
     if key in _HELD:
         raise LockedError(
             f"This process already holds the {what} lock on {d}: a nested dir_lock on the same folder "
             f"would wait for itself. Take the lock once, around all the work on that folder."
         )
+
+
+def _holder_info(what: str) -> dict:
+    "What a lock file records about its holder: this process's pid, host, start time, command line and `what`."
+    return dict(
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        started=time.strftime('%Y-%m-%d %H:%M:%S %z'),
+        command=' '.join(sys.argv)[:300],
+        what=what,
+    )
+
+# %% ../nbs/01b_files.ipynb #804a6c72
+def _flock_or_wait(fd: int, d: Path, lp: Path, what: str, wait: bool, timeout: float, poll: float):
+    "Take the exclusive `flock` on `fd` (lock file `lp`); held elsewhere: `LockedError`, or poll until `timeout`."
+    import fcntl
+
+    t0 = time.monotonic()
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if not wait or (timeout is not None and time.monotonic() - t0 >= timeout):
+                raise LockedError(
+                    _locked_msg(d, what, _holder(lp)) + (f" (waited {time.monotonic() - t0:.0f} s)" if wait else '')
+                ) from None
+            time.sleep(poll)
+
+# %% ../nbs/01b_files.ipynb #804a6c63
+@contextlib.contextmanager
+def dir_lock(path, what: str = 'run', wait: bool = False, timeout: float = None, poll: float = 0.1):
+    "Hold an exclusive lock on folder `path` (created if needed) for the block; another holder: `LockedError`, or wait."
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    lp = d / LOCK_NAME
+    key = os.path.realpath(lp)
+    _refuse_nested(key, d, what)
     fd = os.open(lp, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        t0 = time.monotonic()
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not wait or (timeout is not None and time.monotonic() - t0 >= timeout):
-                    raise LockedError(
-                        _locked_msg(d, what, _holder(lp)) + (f" (waited {time.monotonic() - t0:.0f} s)" if wait else '')
-                    ) from None
-                time.sleep(poll)
-        info = dict(
-            pid=os.getpid(),
-            host=socket.gethostname(),
-            started=time.strftime('%Y-%m-%d %H:%M:%S %z'),
-            command=' '.join(sys.argv)[:300],
-            what=what,
-        )
+        _flock_or_wait(fd, d, lp, what, wait, timeout, poll)
+        info = _holder_info(what)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         _HELD.add(key)

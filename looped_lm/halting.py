@@ -163,6 +163,38 @@ def _dynamic_ce(spec, x, y, rule, ce_chunk=0):
         h, ctx, y = h[keep], slice_context(spec, ctx, keep, h), y[keep]
     return tot, loops
 
+# %% ../nbs/04c_halting.ipynb #cc406770
+@torch.no_grad()
+def _fixed_ce(spec, bs: list, ce_chunk=0) -> tuple:
+    "Every window of `bs` run to loop K: (summed CE, summed loops)."
+    tot = 0.0
+    for x, y in bs:
+        hidden, ctx = run_loops(spec, x, spec.K)
+        tot += token_ce(spec, hidden[-1], ctx, spec.K, y, ce_chunk).double().sum().item()
+    return tot, spec.K * len(torch.cat([x for x, _ in bs]))
+
+
+@torch.no_grad()
+def _dynamic_total(spec, bs: list, rule, ce_chunk=0) -> tuple:
+    "Every window of `bs` through `_dynamic_ce`: (summed CE, summed exit loops)."
+    r = [_dynamic_ce(spec, x, y, rule, ce_chunk) for x, y in bs]
+    return sum(a for a, _ in r), sum(b for _, b in r)
+
+
+def _timed_rounds(fns: dict, repeats: int, device) -> tuple:
+    """Call each of `fns` {name: fn} in turn for `repeats` + 1 rounds, synchronising a GPU around each call: the seconds
+    of every call {name: [s, ...]} (the first round warms up) and each fn's last result {name: result}."""
+    sync = torch.cuda.synchronize if torch.device(device).type == 'cuda' else (lambda: None)
+    secs, out = {name: [] for name in fns}, {}
+    for _ in range(repeats + 1):  # the first round warms up and is not timed
+        for name, fn in fns.items():
+            sync()
+            t0 = time.perf_counter()
+            out[name] = fn()
+            sync()
+            secs[name].append(time.perf_counter() - t0)
+    return secs, out
+
 # %% ../nbs/04c_halting.ipynb #cc406767
 @torch.no_grad()
 def halting_speed(
@@ -181,27 +213,11 @@ def halting_speed(
     spec = guarded_spec(spec, tokens, seq_len, device)
     rule = halting_policy(policy, threshold, spec.K, 'sequence')
     bs = list(token_windows(tokens, seq_len, batch_size, max_batches, device))
-    sync = torch.cuda.synchronize if torch.device(device).type == 'cuda' else (lambda: None)
-
-    def fixed():
-        tot = 0.0
-        for x, y in bs:
-            hidden, ctx = run_loops(spec, x, spec.K)
-            tot += token_ce(spec, hidden[-1], ctx, spec.K, y, ce_chunk).double().sum().item()
-        return tot, spec.K * len(torch.cat([x for x, _ in bs]))
-
-    def dynamic():
-        r = [_dynamic_ce(spec, x, y, rule, ce_chunk) for x, y in bs]
-        return sum(a for a, _ in r), sum(b for _, b in r)
-
-    secs, out = {'fixed': [], 'dynamic': []}, {}
-    for _ in range(repeats + 1):  # the first round warms up and is not timed
-        for name, fn in (('fixed', fixed), ('dynamic', dynamic)):
-            sync()
-            t0 = time.perf_counter()
-            out[name] = fn()
-            sync()
-            secs[name].append(time.perf_counter() - t0)
+    secs, out = _timed_rounds(
+        dict(fixed=lambda: _fixed_ce(spec, bs, ce_chunk), dynamic=lambda: _dynamic_total(spec, bs, rule, ce_chunk)),
+        repeats,
+        device,
+    )
     n_seq, n_tok = sum(len(x) for x, _ in bs), sum(y.numel() for _, y in bs)
     fs, ds = statistics.median(secs['fixed'][1:]), statistics.median(secs['dynamic'][1:])
     return dict(
