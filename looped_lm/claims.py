@@ -10,14 +10,14 @@ import json, math, numbers
 from pathlib import Path
 import numpy as np
 from .files import write_atomic
+from .formats import format_number
 from .diagnostics import HEAVY_TAIL_HILL
 from .reports import radial_scale_of
 from .variants import VARIANTS
-from .tables import dig, _fmt, _md, read_run_records, read_throughput, write_tables
+from .tables import dig, _md, read_run_records, read_throughput, write_tables
 
 # %% auto #0
-__all__ = ['MARGINS', 'HALT_POLICY', 'CLAMP_MODES', 'LEMMA_FIELDS', 'NO_LEMMA', 'CLAIMS', 'SECTIONS', 'unaligned_cos', 'measures',
-           'claim_set', 'claims', 'claims_markdown', 'write_claims', 'rebuild']
+__all__ = ['MARGINS', 'CLAIMS', 'claims', 'write_claims', 'rebuild']
 
 # %% ../nbs/05c_claims.ipynb #41a37bd4
 MARGINS = dict(
@@ -33,7 +33,7 @@ MARGINS = dict(
     halting=0.5,  # C7: loops saved by the at-risk variants' halting over every control's
 )
 
-
+# %% ../nbs/05c_claims.ipynb #278a1120
 def _vals(m, names, key):
     "`key` of every variant in `names`, or None when one of them lacks it (a claim over a group needs every member)."
     vs = [m.get(n, {}).get(key) for n in names]
@@ -356,7 +356,7 @@ SECTIONS = dict(
     extension='Extension (generalisation test): the same claims over every variant of the study, ours included',
 )
 
-
+# %% ../nbs/05c_claims.ipynb #56091827
 def claims(records) -> dict:
     "The pre-registered claims: `primary` over the study's official conditions, `extension` over all its variants."
     names = sorted({r['variant'] for r in records}, key=list(VARIANTS).index)
@@ -377,7 +377,8 @@ def claims(records) -> dict:
 
 # %% ../nbs/05c_claims.ipynb #f9ae8bc2
 def claims_markdown(cl: dict) -> str:
-    "The claims as Markdown, a table per section: statement, seed-mean numbers [range over seeds], seeds, verdict."
+    """The claims as Markdown, a table per section: statement, seed-mean numbers [range over seeds] in the table style,
+    seeds, verdict."""
     out = []
     for sec in ('primary', 'extension'):
         s = cl[sec]
@@ -387,9 +388,9 @@ def claims_markdown(cl: dict) -> str:
         out += ['| claim | holds when | measured (seed mean [seed range]) | seeds | verdict |', '|---|---|---|---|---|']
         for c, v in s['claims'].items():
             nums = ', '.join(
-                f"{_md(k)} {_fmt(x)}"
+                f"{_md(k)} {format_number(x, 'table')}"
                 + (
-                    f" [{_fmt(v['seed_range'][k][0])}, {_fmt(v['seed_range'][k][1])}]"
+                    f" [{', '.join(format_number(y, 'table') for y in v['seed_range'][k])}]"
                     if k in v['seed_range'] and len(v['per_seed']) > 1
                     else ''
                 )

@@ -8,16 +8,16 @@ axis, and the horizon study (`08_horizon`) fits it along its checkpoints, both w
 from __future__ import annotations
 import functools, math
 import numpy as np, pandas as pd
+from .formats import short_number
 
 # %% auto #0
-__all__ = ['PAPER_TOKENS', 'PAPER_DRIFT', 't_quantile', 'local_slopes', 'fit_input', 'fit_growth', 't_interval', 'fit_holdout',
-           'growth_row', 'short_number', 'fit_sentence', 'carry_sentence']
+__all__ = ['PAPER_TOKENS', 'PAPER_DRIFT', 'fit_growth', 't_interval']
 
 # %% ../nbs/07b_growth.ipynb #cbd305e5
 PAPER_TOKENS = 1_638_400_000  # the official 4 epochs of WikiText-103 (settings.ini, paper-exact-44m)
 PAPER_DRIFT = {'44M': 39207.0, '129M': 56051.0}  # the paper's final-loop norms of the at-risk model at that budget
 
-
+# %% ../nbs/07b_growth.ipynb #033cb9c8
 @functools.lru_cache
 def t_quantile(p: float, dof: int) -> float:
     "The `p`-quantile (0.5 < p < 1) of Student's t with `dof` degrees of freedom: bisection on its integrated density."
@@ -135,14 +135,6 @@ def growth_row(variant: str, runs: pd.DataFrame, f: dict) -> dict:
     }
 
 # %% ../nbs/07b_growth.ipynb #5b0e7a0e
-def short_number(x) -> str:
-    "A number as the readings write it: '–' for none, 3 significant digits, thousands separated, e-notation far out."
-    if x is None or not np.isfinite(x):
-        return '–'
-    a = abs(x)
-    return f"{x:.2e}" if a and (a < 1e-2 or a >= 1e7) else (f"{x:,.0f}" if a >= 100 else f"{x:.3g}")
-
-
 def _verdict(f: dict) -> str:
     lo, hi = f['ci95']
     if not np.isfinite(lo):

@@ -5,13 +5,14 @@ back by, and the report of a run's newest checkpoint."""
 
 # %% ../nbs/04d_reports.ipynb #699357cc
 from __future__ import annotations
-import math, warnings
+import warnings
 from pathlib import Path
 from .files import file_content_sha
+from .formats import format_number
 from .rundir import latest_checkpoint, read_json
 
 # %% auto #0
-__all__ = ['DIAG_VERSION', 'radial_scale_of', 'DiagnosticReport', 'matches_key', 'checkpoint_id', 'current_report']
+__all__ = ['DiagnosticReport', 'current_report']
 
 # %% ../nbs/04d_reports.ipynb #91c3f3a7
 DIAG_VERSION = 5  # bump whenever a diagnostic changes: cached reports of another version are recomputed
@@ -22,21 +23,11 @@ def radial_scale_of(row: dict):
     return row.get('scale', row.get('predicted'))
 
 # %% ../nbs/04d_reports.ipynb #6f45dc3c
-def _fmt(v) -> str:
-    "One cell of a report's table: 3 significant digits (scientific outside [1e-3, 1e5)), '–' for None."
-    if v is None:
-        return '–'
-    if isinstance(v, float):
-        if math.isinf(v) or math.isnan(v):
-            return str(v)
-        return f'{v:.3g}' if 1e-3 <= abs(v) < 1e5 or v == 0 else f'{v:.2e}'
-    return str(v)
-
-
 def _table(rows: list, cols: list) -> str:
-    "A markdown table of the `cols` of `rows`."
+    "A markdown table of the `cols` of `rows`, each number in the report style."
     lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
-    return '\n'.join(lines + ['| ' + ' | '.join(_fmt(r.get(c)) for c in cols) + ' |' for r in rows])
+    lines += ['| ' + ' | '.join(format_number(r.get(c), 'report') for c in cols) + ' |' for r in rows]
+    return '\n'.join(lines)
 
 # %% ../nbs/04d_reports.ipynb #737d113d
 _RADIAL_COLUMNS = ['k', 'readout', 'readout_whole', 'scale', 'exact', 'ratio_p05', 'ratio_p50', 'ratio_p95']
@@ -157,7 +148,7 @@ def checkpoint_id(ckpt) -> str | None:
         f"{Path(ckpt).name}:{file_content_sha(Path(ckpt) / 'model.safetensors')[:16]}"  # hashed once per file version
     )
 
-
+# %% ../nbs/04d_reports.ipynb #30fcff6e
 def current_report(run_dir) -> DiagnosticReport | None:
     """The run's `diagnostics.json` if these diagnostics (`DIAG_VERSION`) wrote it for its newest checkpoint; else None
     (a damaged file: `RunDirError`)."""

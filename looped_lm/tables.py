@@ -9,21 +9,19 @@ import json, math
 from pathlib import Path
 import numpy as np, pandas as pd
 from .files import write_atomic
+from .formats import format_number
 from .rundir import read_json
 from .reports import radial_scale_of
 from .variants import VARIANTS
 
 # %% auto #0
-__all__ = ['TABLES', 'RECORD_DIAG', 'MissingDiagnostic', 'dig', 'table1', 'table2', 'throughput_table', 'read_throughput',
-           'table4', 'table_scale', 'table_lemma2', 'table_halting', 'table_token_norms', 'endpoint', 'table_endpoint',
-           'endpoint_correlations', 'table_endpoint_corr', 'display_frame', 'to_markdown', 'to_latex', 'build_tables',
-           'run_record', 'write_run_records', 'read_run_records', 'write_tables']
+__all__ = ['TABLES', 'MissingDiagnostic', 'table1', 'to_markdown', 'build_tables', 'read_run_records', 'write_tables']
 
 # %% ../nbs/05b_tables.ipynb #a4c1e60a
 class MissingDiagnostic(KeyError):
     "A diagnostics report lacks what a table needs (an older report, or a diagnostic not written yet)."
 
-
+# %% ../nbs/05b_tables.ipynb #b48ce2ef
 def dig(d, *path):
     "d[path[0]][path[1]]...; a `MissingDiagnostic` naming the path when a key or index is absent."
     for p in path:
@@ -102,7 +100,7 @@ def table1(records) -> pd.DataFrame:
 
     return _table(records, f)
 
-
+# %% ../nbs/05b_tables.ipynb #b2b27f34
 def table2(records) -> pd.DataFrame:
     "Perplexity at every exit depth on validation and test, and bits per byte at K."
 
@@ -243,7 +241,7 @@ def table_endpoint_corr(records) -> pd.DataFrame:
         'runs'
     )
 
-
+# %% ../nbs/05b_tables.ipynb #a15055f1
 TABLES = dict(
     table1=table1,
     table2=table2,
@@ -257,21 +255,12 @@ TABLES = dict(
 )
 
 # %% ../nbs/05b_tables.ipynb #93459ee0
-def _fmt(v):
-    if isinstance(v, str):
-        return v
-    if v is None or not np.isfinite(v):
-        return '–'
-    a = abs(v)
-    return f"{v:.2e}" if (a and (a < 1e-2 or a >= 1e8)) else (f"{v:,.0f}" if a >= 1000 else f"{v:.3g}")
-
-
 def _cell(m, sd, n) -> str:
-    if isinstance(m, str):
-        return m
-    if m is None or not np.isfinite(m):
-        return '–'
-    return _fmt(m) + (f" ± {_fmt(sd)}" if n and n > 1 and sd is not None and np.isfinite(sd) else '')
+    "The mean `m` in the table style of `00b_formats`, with ` ± sd` beside a number where `n` > 1 seeds ran."
+    if isinstance(m, str) or m is None or not np.isfinite(m):
+        return format_number(m, 'table')  # a status as it is, a dash for no number
+    spread = n and n > 1 and sd is not None and np.isfinite(sd)
+    return format_number(m, 'table') + (f" ± {format_number(sd, 'table')}" if spread else '')
 
 
 def display_frame(df: pd.DataFrame) -> pd.DataFrame:
@@ -300,12 +289,13 @@ def _md(s) -> str:
 
 
 def to_markdown(df: pd.DataFrame) -> str:
+    "A table as Markdown: its index first, then `display_frame`'s cells (`mean ± sd`), pipes in a cell escaped."
     d, name = display_frame(df), ' / '.join(n or '' for n in df.index.names)
     head = f'| {name} | ' + ' | '.join(map(_md, d.columns)) + ' |'
     rows = ['| ' + ' | '.join([_md(_label(i))] + [_md(x) for x in r]) + ' |' for i, r in zip(d.index, d.values)]
     return '\n'.join([head, '|' + '---|' * (len(d.columns) + 1)] + rows) + '\n'
 
-
+# %% ../nbs/05b_tables.ipynb #7a2f4de8
 def to_latex(df: pd.DataFrame) -> str:
     d = display_frame(df)
     esc = lambda s: str(s).replace('±', r'$\pm$').replace('%', r'\%').replace('_', r'\_').replace('‖', r'$\|$')
@@ -318,7 +308,7 @@ def to_latex(df: pd.DataFrame) -> str:
     lines += [' & '.join([esc(_label(i))] + [esc(x) for x in r]) + r' \\' for i, r in zip(d.index, d.values)]
     return '\n'.join(lines + [r'\bottomrule', r'\end{tabular}']) + '\n'
 
-
+# %% ../nbs/05b_tables.ipynb #18607c1c
 def build_tables(records, throughput=None) -> tuple:
     "({name: DataFrame}, {name: why it was skipped}): a table whose diagnostics are missing is skipped, never fatal."
     tables, skipped = {}, {}
@@ -355,7 +345,7 @@ def write_run_records(records, study_dir) -> Path:
     write_atomic(p, ''.join(json.dumps(run_record(r)) + '\n' for r in records))
     return p
 
-
+# %% ../nbs/05b_tables.ipynb #5d4c3f59
 def read_run_records(study_dir) -> list:
     "The records of a study read back from its `runs.jsonl` (a missing file names the fix)."
     p = Path(study_dir) / 'runs.jsonl'
