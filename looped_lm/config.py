@@ -10,14 +10,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['READOUTS', 'RECURRENCES', 'LOSSES', 'CORPORA', 'DTYPES', 'DEVICES', 'MLPS', 'INITS', 'SCHEDULES', 'TOKENIZERS',
-           'MAX_POSITION_ELEMENTS', 'CORPUS_NAME', 'ExperimentConfig', 'ConfigError', 'parse_seeds', 'validate_values',
-           'validate', 'settings_path', 'list_presets', 'parse_values', 'load_preset']
+__all__ = ['READOUTS', 'RECURRENCES', 'LOSSES', 'ExperimentConfig', 'ConfigError', 'list_presets', 'load_preset']
 
 # %% ../nbs/00a_config.ipynb #b4379d22
 READOUTS = ('rmsnorm', 'layernorm', 'raw', 'final_norm')  # how H_k is read out (see 01_model)
 RECURRENCES = ('plain', 'internorm')  # what is fed back between loops
 LOSSES = ('perloop', 'terminal')  # where the cross-entropy is placed (see 03_train)
+
+# %% ../nbs/00a_config.ipynb #b4379d23
 CORPORA = ('wikitext-2-v1', 'wikitext-2-raw-v1', 'wikitext-103-v1', 'wikitext-103-raw-v1')  # known to the Hub loader
 DTYPES = ('float32', 'bfloat16')
 DEVICES = ('auto', 'cpu', 'cuda')
@@ -302,7 +302,7 @@ def _parser(path=None):
     p.read(settings_path(path))
     return p
 
-
+# %% ../nbs/00a_config.ipynb #4ccfbf2e
 def list_presets(path=None) -> list:
     "Names of the presets in `settings.ini`."
     return _parser(path).sections()
@@ -327,7 +327,7 @@ def parse_values(name: str, raw: dict, where: str = 'settings.ini') -> dict:
     types = {f.name: f.type for f in fields(ExperimentConfig)}
     return {k: _convert(name, k, v, types[k], where) for k, v in raw.items()}
 
-
+# %% ../nbs/00a_config.ipynb #f208fcf5
 def load_preset(name: str = 'cpu', path=None, **overrides) -> ExperimentConfig:
     "The preset `name` from `settings.ini`, with `overrides` applied and every value checked."
     p = _parser(path)

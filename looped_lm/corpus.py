@@ -10,19 +10,18 @@ from pathlib import Path
 from .config import CORPORA
 
 # %% auto #0
-__all__ = ['SPLITS', 'HUB_REPO', 'DATA_ENV', 'HUB_CORPORA', 'DataNotFoundError', 'resolve_data_dir', 'local_files', 'hub_offline',
-           'load_corpus', 'iter_rows', 'with_article_starts']
+__all__ = ['DataNotFoundError', 'load_corpus']
 
 # %% ../nbs/01e_corpus.ipynb #366f78b6
 SPLITS = ('train', 'validation', 'test')
 HUB_REPO = 'Salesforce/wikitext'
 DATA_ENV = 'LOOPED_LM_DATA'
 
-
+# %% ../nbs/01e_corpus.ipynb #366f78b7
 class DataNotFoundError(FileNotFoundError):
     "The corpus is neither in the configured local copy nor reachable on the Hugging Face Hub."
 
-
+# %% ../nbs/01e_corpus.ipynb #366f78b8
 def resolve_data_dir(data_dir=None) -> Path | None:
     "The local copy's root: `data_dir`, else `$LOOPED_LM_DATA`, else None (use the Hub)."
     src, d = ('data_dir', data_dir) if data_dir else (DATA_ENV, os.environ.get(DATA_ENV) or None)

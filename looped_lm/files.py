@@ -9,8 +9,7 @@ import contextlib, errno, hashlib, json, os, re, secrets, socket, sys, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['LOCK_NAME', 'WriteError', 'atomic_writer', 'write_atomic', 'pid_alive', 'sweep_stale_tmp', 'LockedError', 'dir_lock',
-           'file_sha256', 'file_content_sha']
+__all__ = ['WriteError', 'LockedError']
 
 # %% ../nbs/01b_files.ipynb #af08cf86
 class WriteError(OSError):
@@ -133,11 +132,11 @@ def sweep_stale_tmp(folder, older_than: float = None) -> list:
     return sorted(gone)
 
 # %% ../nbs/01b_files.ipynb #442674ed
-LOCK_NAME = '.lock'
-
-
 class LockedError(RuntimeError):
     "Another live process holds the lock on this folder."
+
+# %% ../nbs/01b_files.ipynb #442674ee
+LOCK_NAME = '.lock'
 
 
 _HELD = set()  # lock files this process holds, to refuse a nested lock on the same folder clearly

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['radial_fraction', 'radial_tangential', 'angle_between', 'loglog_slope', 'radial_exact']
+__all__ = ['radial_fraction', 'radial_exact']
 
 # %% ../nbs/00_lemmas.ipynb #6cbdb51e
 def _compute_dtype(*xs) -> torch.dtype:
@@ -41,7 +41,7 @@ def radial_fraction(
         return r
     return r.mean() if reduce == 'mean' else r.median()
 
-
+# %% ../nbs/00_lemmas.ipynb #6cbdb51f
 def radial_tangential(g: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     "Split `g` per token into its part along `h` and its part orthogonal to `h` (both in `g`'s dtype)."
     dt = _compute_dtype(g, h)

@@ -4,21 +4,20 @@
 
 # %% ../nbs/01_model.ipynb #e45eee98
 from __future__ import annotations
-import json, math, os
+import math, os
 from dataclasses import dataclass, fields
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
 from .config import ExperimentConfig, ConfigError, validate_values  # first: the package quiets tqdm
 from .readout_ce import linear_ce  # the chunked readout loss (01a_readout_ce)
+from .decoding import LayerCache, _generate  # the KV cache and `generate` (01c_decoding)
+from .hub_folder import MODEL_CARD, HubFolderError, _RESAVE, _read_config, _check_repo_id  # 01d_hub_folder
 from fastcore.basics import patch
 from huggingface_hub import PyTorchModelHubMixin
-from huggingface_hub.utils import HFValidationError, validate_repo_id
 from safetensors import SafetensorError
 
 # %% auto #0
-__all__ = ['MODEL_CARD', 'LoopedLMConfig', 'make_norm', 'LayerCache', 'CausalSelfAttention', 'MLP', 'Block', 'LoopedOutput',
-           'unit_rms', 'LoopedLM', 'num_params', 'forward_flops_per_token', 'train_flops_per_token',
-           'saved_tensor_bytes', 'HubFolderError', 'config_from_dict']
+__all__ = ['LoopedLMConfig', 'LoopedOutput', 'LoopedLM', 'num_params', 'forward_flops_per_token', 'train_flops_per_token']
 
 # %% ../nbs/01_model.ipynb #0c479aa1
 @dataclass(frozen=True)
@@ -61,21 +60,6 @@ def make_norm(kind: str, d: int, eps: float) -> nn.Module:
 def _dropout(x, p: float, training: bool):
     "Dropout that is not even called when it cannot act (p = 0 or eval), so it draws no random numbers then."
     return F.dropout(x, p, True) if p > 0 and training else x
-
-
-class LayerCache:
-    "Keys and values (B, heads, positions, head_dim) of one attention layer at one loop, grown as tokens arrive."
-
-    def __init__(self):
-        self.k = self.v = None
-
-    def __len__(self):
-        return 0 if self.k is None else self.k.shape[2]
-
-    def append(self, k, v):
-        "Add the keys and values of new positions (dim 2); return all of them so far."
-        self.k, self.v = (k, v) if self.k is None else (torch.cat([self.k, k], 2), torch.cat([self.v, v], 2))
-        return self.k, self.v
 
 # %% ../nbs/01_model.ipynb #d67244cc
 class CausalSelfAttention(nn.Module):
@@ -149,7 +133,7 @@ class LoopedOutput:
         "The loss of the last loop run (None without targets)."
         return None if self.losses is None else self.losses[-1]
 
-
+# %% ../nbs/01_model.ipynb #fc6b0c7b
 def _wide(h):
     return h if h.dtype in (torch.float32, torch.float64) else h.float()  # reductions in >= float32
 
@@ -157,29 +141,6 @@ def _wide(h):
 def unit_rms(h: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     "Each token's state divided by its RMS: the parameter-free inter-loop normalization."
     return h * torch.rsqrt(_wide(h).pow(2).mean(-1, keepdim=True) + eps).to(h.dtype)
-
-# %% ../nbs/01_model.ipynb #ec6e3b39
-MODEL_CARD = """---
-{{ card_data }}
----
-
-# Looped LM: {{ variant }}
-
-A looped language model trained with `looped_lm`, a reproduction of "Dense Supervision Is Not Enough: The Readout
-Blind Spot in Looped Language Models" (official code: Rituraj003/readout-blind-spot): one shared stack of
-{{ n_layers }} pre-norm blocks applied K = {{ K }} times, `{{ readout }}` readout.
-
-| | |
-|---|---|
-| variant | {{ variant }} |
-| preset | {{ preset }} |
-| corpus | {{ corpus }} |
-| data fingerprint | {{ fingerprint }} |
-| parameters | {{ n_params }} |
-{% for k, v in final_row.items() %}| final loop: {{ k }} | {{ v }} |
-{% endfor %}
-Load it with `LoopedLM.from_pretrained(path_or_repo)` (package `looped_lm`).
-"""
 
 # %% ../nbs/01_model.ipynb #ac82d31a
 class LoopedLM(
@@ -350,13 +311,6 @@ def saved_tensor_bytes(fn, exclude=()) -> tuple:
     return out, sum(seen.values())
 
 # %% ../nbs/01_model.ipynb #37c1f69c
-class HubFolderError(ValueError):
-    "A saved model (folder or Hub repository) that `from_pretrained` cannot load; the message names the file and fix."
-
-
-_RESAVE = "re-save the model with `save_pretrained` (or copy the file back from where it was saved)"
-
-
 def config_from_dict(raw: dict, where: str = 'config.json') -> LoopedLMConfig:
     "The `LoopedLMConfig` written in a saved `config.json`, checked like a preset; `where` names the file in errors."
     if not isinstance(raw, dict):
@@ -369,36 +323,6 @@ def config_from_dict(raw: dict, where: str = 'config.json') -> LoopedLMConfig:
         return LoopedLMConfig(**raw)  # missing keys take their defaults
     except ConfigError as e:
         raise HubFolderError(f"{where}: {e} Fix the value in the file, or {_RESAVE}.") from None
-
-# %% ../nbs/01_model.ipynb #09e1c5ad
-def _read_config(folder: Path) -> dict:
-    "The parsed `config.json` of a local model folder, or a `HubFolderError` naming the file and the fix."
-    path = folder / 'config.json'
-    if not path.is_file():
-        raise HubFolderError(
-            f"{path} is missing: a saved LoopedLM folder holds config.json and model.safetensors; {_RESAVE}."
-        )
-    try:
-        return json.loads(path.read_text(encoding='utf-8'))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HubFolderError(f"{path} is not valid JSON ({e}); {_RESAVE}.") from None
-
-
-def _check_repo_id(name):
-    "Refuse a name that is no local folder and no Hub repository id, before anything is downloaded."
-    s = str(name)
-    local = isinstance(name, Path) or os.path.isabs(s) or s.startswith(('.', '~')) or s.count('/') != 1
-    if local or os.path.exists(s) or Path(s).parent.is_dir():
-        raise HubFolderError(
-            f"No model folder at {s}: give the folder `save_pretrained` wrote (check the path for typos) or a Hub "
-            "repository id 'namespace/name'."
-        )
-    try:
-        validate_repo_id(s)
-    except HFValidationError as e:
-        raise HubFolderError(
-            f"{s!r} is neither a model folder nor a Hub repository id ('namespace/name'): {e}"
-        ) from None
 
 # %% ../nbs/01_model.ipynb #a203c0f9
 @classmethod
@@ -441,113 +365,6 @@ def _generate_model_card(self, *args, **kwargs):
 
 LoopedLM.from_pretrained, LoopedLM._from_pretrained = _from_pretrained_checked, _from_pretrained
 LoopedLM.generate_model_card = _generate_model_card
-
-# %% ../nbs/01_model.ipynb #c6f229bf
-def _exit_mask(halting, logits, k: int, k_max: int) -> torch.Tensor:
-    "Bool (B,): the sequences whose token is read out at loop `k` (all of them at the last loop)."
-    B = logits.shape[0]
-    if k == k_max:
-        return torch.ones(B, dtype=torch.bool, device=logits.device)
-    if halting is None:
-        return torch.zeros(B, dtype=torch.bool, device=logits.device)
-    m = torch.as_tensor(halting(logits, k), device=logits.device)
-    if m.shape != (B,) or m.dtype != torch.bool:
-        raise ValueError(
-            f"halting(logits, k) must return a bool tensor of shape ({B},), got {m.dtype} {tuple(m.shape)}."
-        )
-    return m
-
-
-def _next_token_logits(model, idx_new, start: int, caches, k_max: int, halting):
-    "(logits (B, V), exit loop (B,)) of the last position of `idx_new`, each sequence read out at its exit loop."
-    h = model.embed(idx_new, start)
-    out, exits = None, torch.zeros(idx_new.shape[0], dtype=torch.long, device=idx_new.device)
-    for k in range(1, k_max + 1):
-        if k > 1:
-            h = model.feed(h)
-        h = model.loop(h, None if caches is None else caches[k - 1])
-        if (exits > 0).all():
-            continue  # every token chosen: the remaining loops only fill their caches
-        logits = model.readout(h[:, -1], k).float()
-        new = _exit_mask(halting, logits, k, k_max) & (exits == 0)
-        out = torch.where(new[:, None], logits, logits if out is None else out)
-        exits[new] = k
-    return out, exits
-
-
-def _sample(logits, temperature: float, generator):
-    if temperature == 0:
-        return logits.argmax(-1)
-    return torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
-
-# %% ../nbs/01_model.ipynb #d874257d
-def _check_generate_args(model, idx, max_new_tokens, temperature, halting):
-    "Refuse unusable `generate` arguments before any compute, with the fix in the message."
-    V = model.config.vocab_size
-    if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.dtype != torch.long or 0 in idx.shape:
-        got = f"{idx.dtype} {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
-        raise ValueError(f"idx must be a non-empty (B, T) int64 tensor of token ids, got {got}.")
-    lo, hi = int(idx.min()), int(idx.max())
-    if lo < 0 or hi >= V:
-        raise ValueError(
-            f"idx holds token id {lo if lo < 0 else hi}, outside the model's vocabulary 0..{V - 1}: encode the "
-            "prompt with the tokenizer the model was trained with."
-        )
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise TypeError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}.")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}.")
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(
-            f"temperature must be finite and >= 0 (0: greedy, 1: the model's own distribution), got {temperature}."
-        )
-    if halting is not None and not callable(halting):
-        raise TypeError(
-            f"halting must be None or a callable (logits, k) -> bool mask (B,), got {halting!r} "
-            "(e.g. `halting.halting_policy`)."
-        )
-
-# %% ../nbs/01_model.ipynb #8541b426
-@torch.no_grad()
-def _generate(
-    self,
-    idx,
-    max_new_tokens: int,
-    exit_k: int = None,
-    temperature: float = 0.0,
-    generator=None,
-    halting=None,
-    use_cache: bool = True,
-    return_exits: bool = False,
-):
-    "Extend `idx` (B, T) by `max_new_tokens` tokens read out at loop `exit_k` (or where `halting` says)."
-    k_max = self._check_exit(exit_k)
-    _check_generate_args(self, idx, max_new_tokens, temperature, halting)
-    need = idx.shape[1] + max_new_tokens - 1  # positions fed to the model (the last new token is not fed back)
-    if need > self.config.max_seq_len:
-        raise ValueError(
-            f"A prompt of {idx.shape[1]} tokens plus {max_new_tokens} new ones needs {need} positions, but the model "
-            f"has max_seq_len={self.config.max_seq_len}: shorten the prompt or ask for fewer tokens."
-        )
-    was_training, exits = self.training, []
-    self.eval()
-    caches = [[LayerCache() for _ in self.stack] for _ in range(k_max)] if use_cache else None
-    try:
-        seq, fed = idx, 0
-        for _ in range(max_new_tokens):
-            new = seq[:, fed:] if use_cache else seq
-            logits, ex = _next_token_logits(self, new, fed if use_cache else 0, caches, k_max, halting)
-            if use_cache:
-                fed = seq.shape[1]
-            seq = torch.cat([seq, _sample(logits, temperature, generator)[:, None]], 1)
-            exits.append(ex)
-    finally:
-        self.train(was_training)
-    if not return_exits:
-        return seq
-    return seq, (torch.stack(exits, 1) if exits else torch.zeros(idx.shape[0], 0, dtype=torch.long, device=idx.device))
 
 # %% ../nbs/01_model.ipynb #13e69a09
 LoopedLM.generate = _generate
