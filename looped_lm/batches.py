@@ -8,7 +8,7 @@ import functools, math
 import numpy as np, torch
 
 # %% auto #0
-__all__ = ['bits_per_byte', 'word_perplexity', 'get_batch', 'eval_batches', 'window_starts', 'n_windows', 'window_batch']
+__all__ = ['bits_per_byte', 'word_perplexity']
 
 # %% ../nbs/02e_batches.ipynb #24d7b58a
 def bits_per_byte(ce_sum: float, n_bytes: int) -> float:

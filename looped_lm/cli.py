@@ -14,7 +14,7 @@ from .train import train, TrainingError
 from .devices import world
 
 # %% auto #0
-__all__ = ['parse_sets', 'train_cli']
+__all__ = ['train_cli']
 
 # %% ../nbs/03d_cli.ipynb #172a2116
 def parse_sets(preset: str, sets: list) -> dict:

@@ -31,8 +31,7 @@ from looped_lm.files import (  # noqa: F401 -- the file tools lived here: old im
 )
 
 # %% auto #0
-__all__ = ['CACHE_VERSION', 'CACHE_ENV', 'resolve_cache_dir', 'source_fingerprint', 'tokenizer_path', 'load_cached_split',
-           'load_cached_meta', 'encode_split', 'TokenData', 'prepare_data']
+__all__ = ['TokenData', 'prepare_data']
 
 # %% ../nbs/02_data.ipynb #ee8581bb
 CACHE_VERSION = 2  # 2: keys cover the source text's content; sidecars carry n_bytes / n_words

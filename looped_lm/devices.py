@@ -12,7 +12,7 @@ import torch.distributed as dist
 from .config import ExperimentConfig, ConfigError
 
 # %% auto #0
-__all__ = ['resolve_device', 'autocast', 'world', 'init_distributed']
+__all__ = ['resolve_device']
 
 # %% ../nbs/02c_devices.ipynb #7eff13a6
 def resolve_device(cfg: ExperimentConfig) -> torch.device:
@@ -35,7 +35,7 @@ def resolve_device(cfg: ExperimentConfig) -> torch.device:
         dev = torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)))
     return dev
 
-
+# %% ../nbs/02c_devices.ipynb #8e7ed252
 def autocast(cfg: ExperimentConfig, device: torch.device):
     "bf16 autocast on the run's device type when `dtype='bfloat16'` (CUDA or CPU); float32 otherwise."
     return torch.autocast(device.type, dtype=torch.bfloat16) if cfg.dtype == 'bfloat16' else nullcontext()

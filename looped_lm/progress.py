@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 # %% auto #0
-__all__ = ['Progress', 'Guard']
+__all__ = []
 
 # %% ../nbs/03e_progress.ipynb #9212eefe
 class Progress:

@@ -14,8 +14,7 @@ from .lemmas import radial_tangential
 from .batches import eval_batches
 
 # %% auto #0
-__all__ = ['CLAMPS', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'as_spec', 'clamp_state', 'clamp_refusal', 'run_loops',
-           'context_layout', 'slice_context', 'token_windows', 'readout_norm_at', 'readout_pieces', 'token_ce']
+__all__ = ['CLAMPS', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'run_loops']
 
 # %% ../nbs/03a_protocol.ipynb #9a4b592c
 class LoopSpecError(ValueError):

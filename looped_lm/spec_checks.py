@@ -11,7 +11,7 @@ from .protocol import LoopSpec, LoopSpecError, as_spec, run_loops, slice_context
 from .protocol import readout_norm_at, _as_tokens, _memo
 
 # %% auto #0
-__all__ = ['IGNORED_STATE', 'check_spec', 'checked_spec', 'guarded_spec']
+__all__ = ['check_spec']
 
 # %% ../nbs/03b_spec_checks.ipynb #0d2f29b2
 def _ce64(logits, y):

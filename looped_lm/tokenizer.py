@@ -12,8 +12,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from .files import write_atomic
 
 # %% auto #0
-__all__ = ['EOT', 'REGEX_PATTERN', 'REGEX_SPECIALS', 'REGEX_JOIN', 'train_tokenizer', 'Encoding', 'regex_vocab', 'RegexTokenizer',
-           'decoded_byte_lengths', 'decoded_bytes']
+__all__ = ['EOT', 'train_tokenizer', 'RegexTokenizer']
 
 # %% ../nbs/02a_tokenizer.ipynb #0723ed44
 EOT = '<|endoftext|>'  # the document separator, placed before every article

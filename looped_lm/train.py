@@ -18,15 +18,14 @@ from .data import prepare_data, TokenData
 from .batches import eval_batches
 from .devices import resolve_device, autocast, init_distributed, _barrier, _over_ranks
 from .objective import make_optimizer, lr_at, train_batch, objective
-from looped_lm.rundir import (
+from looped_lm.run_records import (
     RunDirError, set_status, run_status, expected_records, _parse_metrics, read_metrics, _missing, append_metrics,
-    data_record, save_checkpoint, latest_checkpoint, load_checkpoint, run_lock, _check_identity, _check_data,
 )
+from .checkpoints import data_record, save_checkpoint, latest_checkpoint, load_checkpoint
+from .rundir import run_lock, _check_identity, _check_data
 
 # %% auto #0
-__all__ = ['TrainingError', 'hidden_norm_summary', 'overflow_margin', 'evaluate', 'train', 'RunResult', 'open_run', 'Run',
-           'check_resume', 'restore_model', 'record_start', 'start_run', 'train_step', 'check_finite', 'step_record',
-           'warn_overflow', 'log_step', 'checkpoint_step', 'finish', 'run_steps']
+__all__ = ['TrainingError', 'evaluate', 'train', 'RunResult']
 
 # %% ../nbs/03_train.ipynb #9a1c3e5b
 class TrainingError(RuntimeError):

@@ -9,7 +9,7 @@ the same preset and seed are identical; another seed is not.
 import os, signal, subprocess, time, warnings
 from pathlib import Path
 import pytest
-import looped_lm.rundir as T
+import looped_lm.checkpoints as T  # the checkpoint writer's module: its save_model and write_atomic are patched
 from looped_lm.config import load_preset
 from looped_lm.train import train
 from looped_lm.rundir import read_metrics, run_status, latest_checkpoint

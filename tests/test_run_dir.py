@@ -10,7 +10,7 @@ metrics were accepted; a run without its config was reported `done`; a full disk
 import json, os, shutil, subprocess, sys, time
 import pytest, torch
 from safetensors import SafetensorError
-import looped_lm.rundir as T
+import looped_lm.checkpoints as T  # the checkpoint writer's module: its save_model is patched
 from looped_lm.files import dir_lock
 from looped_lm.config import load_preset
 from looped_lm.train import train
