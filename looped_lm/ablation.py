@@ -25,8 +25,7 @@ from .runner import repo_root, shown, check_folder, default_workers, check_spawn
 from .runner import run_study_jobs, study_lock
 
 # %% auto #0
-__all__ = ['STUDY_EXECUTORS', 'Study', 'study_key', 'check_params', 'run_dir_of', 'collect', 'study_throughput', 'study_jobs',
-           'as_flag', 'check_study_executor', 'run_ablation', 'publish']
+__all__ = ['STUDY_EXECUTORS', 'collect', 'run_ablation']
 
 # %% ../nbs/05_ablation.ipynb #171ecc3c
 @dataclass
@@ -201,7 +200,7 @@ def _mark_locked(records: list, states: list, out_dir) -> list:
 # %% ../nbs/05_ablation.ipynb #e3a1f0c2
 STUDY_EXECUTORS = ('inprocess', *EXECUTORS)  # inprocess: here, in `workers` processes; the others: submitit jobs
 
-
+# %% ../nbs/05_ablation.ipynb #b253d642
 def as_flag(value, what: str) -> bool:
     "`value` as a bool: True/False, or the strings 'True'/'False' (papermill's `-p` and the shell)."
     if isinstance(value, bool):

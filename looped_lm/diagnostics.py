@@ -20,8 +20,7 @@ from .radial import radial_fractions, angular_updates
 from .rundir import latest_checkpoint, load_run
 
 # %% auto #0
-__all__ = ['HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'EVAL_TOKENS', 'eval_exits', 'exit_throughput', 'hill_estimator', 'token_norms',
-           'norm_stats', 'norm_distribution', 'clamp_modes', 'scale_sensitivity', 'lemma2', 'diagnose', 'diagnose_run']
+__all__ = ['HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'eval_exits', 'diagnose', 'diagnose_run']
 
 # %% ../nbs/04_diagnostics.ipynb #f7635442
 def _module(obj):
@@ -117,17 +116,17 @@ def exit_throughput(model, tokens, batch_size=8, seq_len=64, repeats=5, max_batc
     return res
 
 # %% ../nbs/04_diagnostics.ipynb #3e56eca5
+HEAVY_TAIL_HILL = (
+    4.0  # a Hill index below this is a heavy tail (the fourth moment diverges); above it the tail is light
+)
+
+# %% ../nbs/04_diagnostics.ipynb #00905838
 def hill_estimator(x, top_frac: float = 0.01) -> float:
     "Hill estimate of the tail index of positive samples `x` from the top `top_frac` of them."
     x = np.sort(np.asarray(x, dtype=np.float64))[::-1]
     k = max(2, int(len(x) * top_frac))
     logs = np.log(x[:k]) - np.log(x[k])
     return float(1 / np.mean(logs)) if np.mean(logs) > 0 else float('inf')
-
-
-HEAVY_TAIL_HILL = (
-    4.0  # a Hill index below this is a heavy tail (the fourth moment diverges); above it the tail is light
-)
 
 
 def token_norms(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu') -> np.ndarray:

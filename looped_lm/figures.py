@@ -17,9 +17,7 @@ from .results import Results, ResultsError, load_results, variant_order, palette
 from .results import Skip, _band, _legend, _grid, _need, _exits, exit_flops, float32_floor, endpoint_points
 
 # %% auto #0
-__all__ = ['POLICY_MARKERS', 'HALT_MIN_SAVED', 'CLAMP_STYLE', 'LEMMA2', 'FIGURES', 'fig_training_drift', 'fig_norm_tail',
-           'fig_ppl_vs_exit', 'saves_compute', 'halting_points', 'fig_frontier', 'fig_radial', 'fig_scale',
-           'fig_clamp_modes', 'fig_lemma2', 'fig_endpoint', 'FigureSet', 'make_figures']
+__all__ = ['FIGURES', 'FigureSet', 'make_figures']
 
 # %% ../nbs/06_figures.ipynb #9adec1ae
 def fig_training_drift(res: Results):

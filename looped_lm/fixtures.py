@@ -10,7 +10,7 @@ from .variants import VARIANTS
 from .claims import CLAMP_MODES, unaligned_cos
 
 # %% auto #0
-__all__ = ['synthetic_record', 'synthetic_study']
+__all__ = ['synthetic_study']
 
 # %% ../nbs/05d_fixtures.ipynb #e5528108
 def _exits(ce: list) -> dict:

@@ -11,14 +11,13 @@ from .protocol import run_loops, slice_context, token_windows, readout_pieces, t
 from .spec_checks import guarded_spec
 
 # %% auto #0
-__all__ = ['POLICIES', 'GRANULARITIES', 'halting_scores', 'halting_policy', 'loop_scores', 'exit_outcome', 'calibrate_threshold',
-           'adaptive_halting', 'halting_speed']
+__all__ = ['POLICIES', 'GRANULARITIES', 'halting_policy', 'halting_speed']
 
 # %% ../nbs/04c_halting.ipynb #404b2557
 POLICIES = ('max_prob', 'logit_margin', 'entropy')
 GRANULARITIES = ('sequence', 'token')
 
-
+# %% ../nbs/04c_halting.ipynb #961bc63d
 def halting_scores(logits: torch.Tensor) -> dict:
     """Per-token confidence of `logits` (..., V): max_prob = top-1 probability, logit_margin = top1 - top2,
     entropy = 1 - H/ln V."""

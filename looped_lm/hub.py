@@ -11,7 +11,7 @@ from .rundir import RunDirError, load_run, read_json
 from .reports import current_report
 
 # %% auto #0
-__all__ = ['final_loop_row', 'run_card', 'from_run']
+__all__ = ['from_run']
 
 # %% ../nbs/04a_hub.ipynb #b31b81a8
 def _last(rows):

@@ -6,21 +6,18 @@ before the spend."""
 
 # %% ../nbs/05a_jobs.ipynb #c9443d07
 from __future__ import annotations
-import json, math, os, shutil, signal, socket, time
+import os, shutil, signal, socket, time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 import pandas as pd, submitit, torch
-from .config import ExperimentConfig, ConfigError, settings_path
+from .config import ExperimentConfig, ConfigError
 from .data import SPLITS, TokenData, prepare_data, resolve_cache_dir
-from .model import LoopedLMConfig, train_flops_per_token
 from .rundir import run_status, latest_checkpoint, RunDirError
+from .gpu_bench import GPU_BENCH, load_bench, expected_speed  # noqa: F401 -- GPU_BENCH lived here
 
 # %% auto #0
-__all__ = ['EXECUTORS', 'GPU_BENCH', 'check_jobs', 'job_name', 'data_key', 'cache_files', 'prepare_once', 'DataNotReady',
-           'read_prepared', 'StudyJob', 'check_fn', 'check_executor', 'make_executor', 'default_parallel', 'JobOutcome',
-           'error_line', 'outcome', 'run_jobs', 'preempt', 'wait_for', 'load_bench', 'expected_speed', 'StudyPlan',
-           'plan_study']
+__all__ = ['DataNotReady', 'JobOutcome', 'run_jobs', 'StudyPlan', 'plan_study']
 
 # %% ../nbs/05a_jobs.ipynb #108b7f9c
 def check_jobs(jobs) -> list:
@@ -71,7 +68,7 @@ def prepare_once(jobs, data_dir=None, cache_dir=None, verbose: bool = True) -> d
 class DataNotReady(RuntimeError):
     "A job cannot see the token cache prepared for it before submission (or it changed since)."
 
-
+# %% ../nbs/05a_jobs.ipynb #8d1004a8
 def read_prepared(cfg: ExperimentConfig, record: dict, data_dir=None) -> TokenData:
     "In a job: the token data `prepare_once` prepared, read from the cache and never built."
     missing = [f for f in record['files'] if not Path(f).is_file()]
@@ -223,7 +220,7 @@ class JobOutcome:
     error: str = ''
     result: object = None
 
-
+# %% ../nbs/05a_jobs.ipynb #d6d0d919
 def error_line(e: Exception) -> str:
     "Why a job failed: the last line of the traceback submitit frames in dashes, else the error's message."
     parts = str(e).split('-' * 22 + '\n')
@@ -296,55 +293,6 @@ def wait_for(predicate, timeout_s: float = 120, poll_s: float = 0.02):
         if time.monotonic() > end:
             raise TimeoutError(f"{predicate} still false after {timeout_s} s.")
         time.sleep(poll_s)
-
-# %% ../nbs/05a_jobs.ipynb #3d68c1f1
-GPU_BENCH = Path('benchmarks') / 'results' / 'gpu.json'
-
-
-def load_bench(path=None) -> dict:
-    "The GPU benchmark (`benchmarks/results/gpu.json` of the repository, or `path`)."
-    p = Path(path) if path else settings_path().resolve().parent / GPU_BENCH
-    try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(
-            f"Cannot read the GPU benchmark {p} ({e}); run `bash benchmarks/gpu_check.sh` on a GPU, "
-            "or pass bench=<path of a gpu.json>."
-        ) from None
-
-
-def _measured(entry: dict, loss: str, chunk: int) -> dict:
-    "The benchmark's record of a preset for `loss` at readout chunk `chunk` (tokens_per_s, peak_mem_gib)."
-    rec = entry.get('loss', {}).get('variants', {}).get(f"{loss}/chunk={chunk}") or {}
-    return rec if rec.get('tokens_per_s') else {}
-
-
-def _flops(cfg: ExperimentConfig) -> float:
-    "Training FLOPs per token of `cfg` (per-loop or terminal loss)."
-    return train_flops_per_token(LoopedLMConfig.from_experiment(cfg), cfg.seq_len, cfg.loss)
-
-# %% ../nbs/05a_jobs.ipynb #f45fe2ce
-def expected_speed(cfg: ExperimentConfig, bench: dict) -> dict:
-    "Training tokens/s and peak GiB of `cfg` on the benchmark's GPU: measured for its preset, else extrapolated."
-    entry = bench['presets'].get(cfg.name) or {}
-    shape = ('seq_len', 'batch_size', 'ce_chunk', 'dtype')
-    if (
-        entry
-        and all(entry.get(k) == getattr(cfg, k) for k in shape)
-        and (m := _measured(entry, cfg.loss, cfg.ce_chunk))
-    ):
-        return dict(tokens_per_s=m['tokens_per_s'], peak_gib=m.get('peak_mem_gib'), source=f"measured ({cfg.name})")
-    refs = [
-        (name, m)
-        for name, e in bench['presets'].items()
-        if (m := _measured(e, cfg.loss, e.get('ce_chunk'))).get('train_flops_per_token')
-    ]
-    if not refs:
-        raise ConfigError(f"The GPU benchmark measured no {cfg.loss} loss to extrapolate {cfg.name} from.")
-    f = _flops(cfg)
-    name, m = min(refs, key=lambda r: abs(math.log(r[1]['train_flops_per_token'] / f)))
-    tps = m['tokens_per_s'] * m['train_flops_per_token'] / f
-    return dict(tokens_per_s=tps, peak_gib=None, source=f"extrapolated from {name}")
 
 # %% ../nbs/05a_jobs.ipynb #603f818d
 @dataclass

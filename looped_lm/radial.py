@@ -14,7 +14,7 @@ from .spec_checks import checked_spec, IGNORED_STATE, guarded_spec
 from .objective import norm_penalty as penalty
 
 # %% auto #0
-__all__ = ['float64_spec', 'radial_scale', 'radial_fractions', 'angular_updates', 'angle_scaling']
+__all__ = ['radial_fractions', 'angular_updates']
 
 # %% ../nbs/04e_radial.ipynb #c5a860d8
 @contextmanager

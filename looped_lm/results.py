@@ -22,15 +22,13 @@ from .tables import endpoint, read_throughput
 from .ablation import collect
 
 # %% auto #0
-__all__ = ['RERUN', 'STYLE', 'METADATA', 'ResultsError', 'read_results_json', 'variant_order', 'palette', 'found_runs', 'Results',
-           'load_results', 'figure_bytes', 'check_fig_dir', 'save', 'Skip', 'exit_flops', 'float32_floor',
-           'endpoint_points', 'measured_throughput']
+__all__ = ['ResultsError', 'Results', 'load_results', 'Skip', 'measured_throughput']
 
 # %% ../nbs/05f_results.ipynb #ec5b1246
 class ResultsError(RuntimeError):
     "A results folder, results file or figure folder that cannot be used; the message names it and the fix."
 
-
+# %% ../nbs/05f_results.ipynb #26ea7147
 RERUN = "rerun nbs/05_ablation.ipynb on this out_dir (it retrains nothing and recomputes only what is missing)"
 
 

@@ -17,8 +17,7 @@ from .data import prepare_data
 from .files import dir_lock, LockedError
 
 # %% auto #0
-__all__ = ['STUDY_LOCK_WAIT', 'repo_root', 'shown', 'check_folder', 'default_workers', 'WorkerError', 'under_main_guard',
-           'check_spawn_guard', 'job_data', 'study_lock', 'run_study_jobs']
+__all__ = ['WorkerError', 'run_study_jobs']
 
 # %% ../nbs/05e_runner.ipynb #ae478dee
 def repo_root() -> Path:
@@ -55,7 +54,7 @@ def default_workers(n_runs: int, device: str) -> int:
 class WorkerError(RuntimeError):
     "A worker process of a study died (killed, out of memory, or a script that starts the study on import)."
 
-
+# %% ../nbs/05e_runner.ipynb #55b6cfaa
 def _is_main_test(node) -> bool:
     return isinstance(node, ast.If) and ast.unparse(node.test).replace('"', "'") in (
         "__name__ == '__main__'",

@@ -11,7 +11,7 @@ import yaml
 from .config import ExperimentConfig, ConfigError
 
 # %% auto #0
-__all__ = ['VARIANTS', 'GROUPS', 'AT_RISK', 'RENAMED', 'FORMS', 'Variant', 'as_list', 'check_seeds', 'check_variants']
+__all__ = ['VARIANTS', 'GROUPS', 'AT_RISK', 'Variant']
 
 # %% ../nbs/04b_variants.ipynb #f925d387
 @dataclass(frozen=True)
@@ -105,6 +105,8 @@ VARIANTS = {
 # %% ../nbs/04b_variants.ipynb #ddace06d
 GROUPS = {g: [n for n, v in VARIANTS.items() if v.group == g] for g in ('official', 'extension')}
 AT_RISK = 'perloop-rmsnorm'  # per-loop CE through RMSNorm readouts: the at-risk condition the studies follow
+
+# %% ../nbs/04b_variants.ipynb #6a98fcc3
 RENAMED = {
     'norm-penalty': 'perloop-penalty',
     'final-norm': 'perloop-finalnorm',
