@@ -4,18 +4,16 @@
 
 # %% ../nbs/08_horizon.ipynb #7aba9890
 from __future__ import annotations
-import dataclasses, hashlib, json, math, shutil, tempfile, time
-from dataclasses import dataclass, field
+import hashlib, json, math, shutil, tempfile, time
+from dataclasses import dataclass
 from pathlib import Path
 import numpy as np, pandas as pd, torch
 from safetensors.torch import load_model
-from .config import ExperimentConfig, ConfigError, load_preset
+from .config import ExperimentConfig
 from .data import prepare_data
 from .files import write_atomic, dir_lock
 from .model import LoopedLM, LoopedLMConfig
 from .train import train, TrainingError
-from .objective import lr_at
-from .devices import resolve_device
 from .rundir import RunDirError, run_status, latest_checkpoint, verify_checkpoint
 from looped_lm.diagnostics import (
     loop_scores, norm_stats, clamp_modes, adaptive_halting
@@ -23,182 +21,18 @@ from looped_lm.diagnostics import (
 from .radial import radial_fractions
 from .reports import checkpoint_id, matches_key, DIAG_VERSION
 from .protocol import as_spec
-from .variants import VARIANTS, GROUPS, check_variants, check_seeds
 from .tables import to_markdown
 from .claims import HALT_POLICY, measures
-from looped_lm.runner import (
-    check_folder, check_spawn_guard, default_workers, job_data, repo_root, run_study_jobs, study_lock,
-)
+from .runner import check_spawn_guard, job_data, run_study_jobs, study_lock
 from .scaling import add_c6
 from .scaling_grid import train_flops
 from .variants import AT_RISK
 from .horizon_analysis import CLOCKS, collapse_test, dose_response, drift_law
+from .horizon_grid import clock_of, HorizonJob, HorizonPlan, HORIZON_GRIDS, check_horizon  # 08b
+from .horizon_grid import CONSTANT, HorizonGrid, checkpoint_steps, _check_arms, horizon_run_name  # noqa: F401
 
 # %% auto #0
-__all__ = ['CONSTANT', 'HORIZON_GRIDS', 'HORIZON_VERSION', 'RECORDS', 'clock_of', 'HorizonGrid', 'checkpoint_steps', 'HorizonJob',
-           'HorizonPlan', 'horizon_run_name', 'check_horizon', 'horizon_key', 'load_kept', 'measure_checkpoint',
-           'read_records', 'put_record', 'cached_record', 'keep_checkpoint', 'measure_step', 'advance', 'plan_records',
-           'record_row', 'horizon_table', 'horizon_seconds', 'measure_step_seconds', 'Horizon', 'analyse',
-           'write_horizon', 'run_horizon']
-
-# %% ../nbs/08_horizon.ipynb #2b9b5d3c
-def clock_of(cfg: ExperimentConfig, step: int) -> dict:
-    "The three candidate clocks of optimiser step `step` of a run trained as `cfg` (Σ lr over the steps done)."
-    return dict(
-        lr_steps=float(sum(lr_at(i, cfg) for i in range(step))),
-        steps=float(step),
-        tokens=float(step * cfg.batch_size * cfg.seq_len),
-    )
-
-# %% ../nbs/08_horizon.ipynb #db7ea19d
-CONSTANT = dict(schedule='constant', warmup_steps=0)  # the official schedule: no warm-up, no decay
-
-
-@dataclass(frozen=True)
-class HorizonGrid:
-    "One model at a constant lr: `arms` ((lr, variants), ...) x `seeds`, checkpoints at log-spaced steps."
-
-    preset: str
-    steps: int  # optimiser steps of every run
-    arms: tuple  # ((lr, (variant, ...)), ...): the first arm holds the at-risk variant and every control
-    seeds: tuple
-    overrides: dict = field(default_factory=dict)  # of the preset, for every run (CONSTANT is always applied)
-    first: int = 50  # the first checkpoint step; then x `ratio` below `steps`, then `steps`
-    ratio: float = 2.0
-    measure_tokens: int = 16384  # the fixed validation slice: its first tokens
-    radial_tokens: int = 4096  # the first of those: the float64 radial gradient fraction
-    publish: bool = True  # figures in figures/horizon-<grid>/ (False: in the study folder)
-
-# %% ../nbs/08_horizon.ipynb #0aaccb9e
-HORIZON_GRIDS = {
-    'tiny': HorizonGrid(
-        'smoke', 32, ((3e-3, (AT_RISK, 'perloop-raw')), (1e-3, (AT_RISK, 'perloop-raw'))), (0, 1),
-        overrides=dict(log_every=4), first=4, measure_tokens=1024, radial_tokens=256, publish=False,
-    ),
-    'cpu': HorizonGrid(
-        'cpu', 3000, ((1e-2, tuple(GROUPS['official'])), (3e-3, (AT_RISK, 'perloop-raw'))), (0, 1, 2),
-        overrides=dict(d_model=64, log_every=50),
-    ),
-}
-
-# %% ../nbs/08_horizon.ipynb #7eb851f9
-def checkpoint_steps(first: int, last: int, ratio: float = 2.0) -> list:
-    "Log-spaced steps `first`, `first*ratio`, ... below `last`, then `last` (each an integer, increasing)."
-    if not (isinstance(first, int) and isinstance(last, int) and 1 <= first <= last):
-        raise ConfigError(f"checkpoint steps need integers 1 <= first <= last, got first={first!r}, last={last!r}.")
-    if not ratio > 1:
-        raise ConfigError(f"ratio must be > 1 (log-spaced checkpoints), got {ratio!r}.")
-    out, s = [], float(first)
-    while round(s) < last:
-        if not out or round(s) > out[-1]:
-            out.append(round(s))
-        s *= ratio
-    return out + [last]
-
-
-def _check_arms(arms) -> list:
-    "The arms as [(lr, [variants])], checked: positive distinct lrs, known variants, the at-risk one in the first arm."
-    if not isinstance(arms, (tuple, list)) or not arms:
-        raise ConfigError(f"arms must be a non-empty list of (lr, variants), got {arms!r}.")
-    out = []
-    for a in arms:
-        lr, vs = a if isinstance(a, (tuple, list)) and len(a) == 2 else (None, None)
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lr > 0):
-            raise ConfigError(f"arm {a!r}: give (lr, variants) with a positive finite lr, e.g. (1e-2, [{AT_RISK!r}]).")
-        out.append((float(lr), check_variants(list(vs))))
-    if len({lr for lr, _ in out}) < len(out):
-        raise ConfigError(f"arms list a learning rate twice ({[lr for lr, _ in out]}); give each lr once.")
-    if AT_RISK not in out[0][1]:
-        raise ConfigError(f"the first arm must hold the at-risk {AT_RISK}: every C6 ratio is taken against it.")
-    return out
-
-# %% ../nbs/08_horizon.ipynb #60aa7bc9
-@dataclass(frozen=True)
-class HorizonJob:
-    "One run: (lr, variant, seed), its whole config, run directory, kept-checkpoint folder and checkpoint steps."
-
-    lr: float
-    variant: str
-    seed: int
-    cfg: ExperimentConfig
-    run_dir: Path
-    keep_dir: Path
-    steps: tuple
-
-    @property
-    def label(self) -> str:
-        return f"lr {self.lr:g} {self.variant} seed {self.seed}"
-
-
-@dataclass
-class HorizonPlan:
-    "A validated horizon study: what to train, where, and the checkpoint steps. Nothing exists on disk yet."
-
-    grid: str
-    spec: HorizonGrid
-    base: ExperimentConfig  # the grid's model and budget at a constant lr (before lr and variant)
-    jobs: list
-    out_dir: Path
-    fig_dir: Path
-    device: str
-    workers: int
-
-# %% ../nbs/08_horizon.ipynb #81290629
-def _horizon_grid(grid) -> tuple:
-    if isinstance(grid, HorizonGrid):
-        return 'custom', grid
-    if not isinstance(grid, str) or grid not in HORIZON_GRIDS:
-        raise ConfigError(f"Unknown grid {grid!r}; choose one of {', '.join(HORIZON_GRIDS)} (or pass a HorizonGrid).")
-    return grid, HORIZON_GRIDS[grid]
-
-
-def _base(spec: HorizonGrid, device: str) -> ExperimentConfig:
-    "The grid's model at a constant lr, `steps` optimiser steps long, checkpointed only where the study asks."
-    if isinstance(spec.steps, bool) or not isinstance(spec.steps, int) or spec.steps < 1:
-        raise ConfigError(f"steps = {spec.steps!r}: give a positive integer number of optimiser steps.")
-    probe = load_preset(spec.preset, **spec.overrides)
-    tokens = spec.steps * probe.batch_size * probe.seq_len
-    base = probe.replace(**CONSTANT, train_tokens=tokens, ckpt_every=spec.steps)
-    for k in ('measure_tokens', 'radial_tokens'):
-        v = getattr(spec, k)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 2 * base.seq_len:
-            raise ConfigError(f"{k} = {v!r}: give an integer of at least two windows ({2 * base.seq_len} tokens).")
-    if spec.radial_tokens > spec.measure_tokens:
-        raise ConfigError(f"radial_tokens ({spec.radial_tokens}) must be <= measure_tokens ({spec.measure_tokens}).")
-    if device not in ('auto', 'cpu', 'cuda'):
-        raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}.")
-    return base if device == 'auto' else base.replace(device=device)
-
-
-def horizon_run_name(lr: float, variant: str, seed: int) -> str:
-    "The name of a run's directory and kept folder: `lr<lr>-<variant>-seed<seed>`."
-    return f"lr{lr:g}-{variant}-seed{seed}"
-
-# %% ../nbs/08_horizon.ipynb #4283d26f
-def check_horizon(grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto', workers: int = None) -> HorizonPlan:
-    "Every run of the grid (lr x variant x seed) with its config, and every path, checked before any folder exists."
-    name, spec = _horizon_grid(grid)
-    base = _base(spec, device)
-    dev, arms = str(resolve_device(base)), _check_arms(spec.arms)
-    seeds = check_seeds(list(spec.seeds), [])
-    steps = tuple(checkpoint_steps(spec.first, spec.steps, spec.ratio))
-    if name == 'custom' and out_dir in (None, ''):
-        raise ConfigError("A custom HorizonGrid needs its own out_dir (two would share results/horizon-custom).")
-    out = Path(out_dir) if out_dir not in (None, '') else repo_root() / 'results' / f'horizon-{name}'
-    published = spec.publish and out_dir in (None, '')
-    fig = Path(fig_dir) if fig_dir else (repo_root() / 'figures' / f'horizon-{name}' if published else out / 'figures')
-    check_folder(out, 'out_dir')
-    check_folder(fig, 'fig_dir')
-    jobs = [
-        HorizonJob(lr, v, s, VARIANTS[v].config(base.replace(lr=lr)).replace(seed=s),
-                   out / 'runs' / horizon_run_name(lr, v, s), out / 'kept' / horizon_run_name(lr, v, s), steps)
-        for lr, vs in arms for v in vs for s in seeds
-    ]
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise ConfigError(f"workers must be a positive integer (or None: one per two cores), got {workers!r}.")
-    n = workers or default_workers(len(jobs), dev)
-    spec = dataclasses.replace(spec, arms=tuple((lr, tuple(v)) for lr, v in arms), seeds=tuple(seeds))
-    return HorizonPlan(name, spec, base, jobs, out, fig, dev, min(n, len(jobs)))
+__all__ = ['read_records', 'horizon_table', 'Horizon', 'analyse', 'run_horizon']
 
 # %% ../nbs/08_horizon.ipynb #37ce0372
 HORIZON_VERSION = 1  # bump whenever the measurement changes: every record of another version is measured again
@@ -273,7 +107,7 @@ def read_records(path) -> list:
             out.append(r)
     return out
 
-
+# %% ../nbs/08_horizon.ipynb #f281ed17
 def put_record(path, rec: dict):
     "Add `rec` to the run's records, replacing any record of its step; the file is rewritten atomically."
     recs = sorted([r for r in read_records(path) if r['step'] != rec['step']] + [rec], key=lambda r: r['step'])

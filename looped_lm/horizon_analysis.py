@@ -11,7 +11,7 @@ from .variants import AT_RISK
 
 # %% auto #0
 __all__ = ['PAPER_LR', 'PAPER_BATCH_TOKENS', 'PAPER_STEPS', 'PAPER_WIDTH', 'CLOCKS', 'PAPER_CLOCK', 'PAPER_DRIFT_RMS',
-           'CONSEQUENCES', 'synthetic_horizon', 'collapse_spread', 'collapse_test', 'dose_response', 'drift_law']
+           'collapse_test', 'dose_response', 'drift_law']
 
 # %% ../nbs/08a_horizon_analysis.ipynb #2b9b5d3c
 PAPER_LR = 3e-4  # the official constant learning rate (44M and 129M)

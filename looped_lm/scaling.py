@@ -6,7 +6,7 @@ what a power-law fit of the drift says (and does not) about the paper's budget. 
 
 # %% ../nbs/07_scaling.ipynb #4c7d2bca
 from __future__ import annotations
-import dataclasses, json, math, time
+import dataclasses, time
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np, pandas as pd
@@ -15,23 +15,19 @@ from .data import prepare_data, write_atomic
 from .model import LoopedLM, LoopedLMConfig, num_params
 from .train import train, TrainingError
 from .devices import resolve_device
-from .rundir import RunDirError, run_status, latest_checkpoint, load_run, read_json
-from .diagnostics import eval_exits, token_norms, norm_stats
-from .radial import radial_fractions
-from .reports import DIAG_VERSION, radial_scale_of, checkpoint_id, matches_key
-from .protocol import as_spec
+from .rundir import run_status
 from .variants import VARIANTS, check_variants, check_seeds, AT_RISK
 from .tables import to_markdown
 from .runner import repo_root, check_folder, job_data, run_study_jobs, study_lock
 from .growth import fit_growth, growth_row, short_number, fit_sentence, carry_sentence
 from .scaling_grid import RECIPES, AXES, Grid, GRIDS, scaling_points, estimate_seconds
 from .scaling_grid import Job, Plan, scaling_run_dir
+from .scaling_measure import _add_train_seconds, train_seconds, measure_columns, measure_run  # 07d
+from .scaling_measure import SCALING_VERSION, measure_key, read_measure  # noqa: F401 (named here too)
 
 # %% auto #0
-__all__ = ['SCALING_VERSION', 'MD_COLUMNS', 'scaling_dirs', 'check_scaling', 'measure_key', 'read_measure', 'measure_run',
-           'train_seconds', 'train_job', 'measure_columns', 'job_row', 'add_c6', 'scaling_table', 'axis_rows',
-           'growth_table', 'wall_seconds', 'study_title', 'reading', 'Scaling', 'write_results', 'scaling_jobs',
-           'run_scaling', 'read_markdown_table', 'published_table']
+__all__ = ['MD_COLUMNS', 'check_scaling', 'growth_table', 'reading', 'Scaling', 'run_scaling', 'read_markdown_table',
+           'published_table']
 
 # %% ../nbs/07_scaling.ipynb #bb0781ad
 def _grid(grid) -> tuple:
@@ -99,89 +95,6 @@ def check_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, d
     ]
     return Plan(name, spec, base, points, jobs, out, fig, dev)
 
-# %% ../nbs/07_scaling.ipynb #9f537863
-SCALING_VERSION = (
-    1  # bump whenever the measurement changes: every cached scaling.json of another version is measured again
-)
-
-
-def _ids(data) -> tuple:
-    "(validation token ids, fingerprint) of a `TokenData` (or of plain validation ids)."
-    if hasattr(data, 'validation'):
-        return np.asarray(data.validation), data.fingerprint
-    ids = np.asarray(data).reshape(-1)
-    import hashlib
-
-    return ids, 'ids:' + hashlib.sha256(ids.astype(np.int64).tobytes()).hexdigest()[:16]
-
-
-def measure_key(run_dir, data, tokens: int, radial_tokens: int) -> dict | None:
-    "What a measurement of the run's newest checkpoint is keyed by (None when the run has no checkpoint)."
-    ck = latest_checkpoint(run_dir)
-    if ck is None:
-        return None
-    return dict(
-        version=SCALING_VERSION,
-        diag_version=DIAG_VERSION,
-        checkpoint=checkpoint_id(ck),
-        tokens=tokens,
-        radial_tokens=radial_tokens,
-        data=_ids(data)[1],
-    )
-
-# %% ../nbs/07_scaling.ipynb #e0272fcd
-def read_measure(run_dir, key: dict) -> dict | None:
-    "The cached `scaling.json` of `run_dir` if it was written for `key`; None when missing, damaged or of another key."
-    m = read_json(Path(run_dir) / 'scaling.json', damaged=lambda p, e: None)  # a damaged file: measured again
-    return m if matches_key(m, key) else None
-
-# %% ../nbs/07_scaling.ipynb #bf51553d
-def measure_run(run_dir, data, tokens: int = 16384, radial_tokens: int = 4096, device: str = 'cpu') -> dict:
-    "Exits, per-loop norms and float64 radial fractions of a run's newest checkpoint on the first validation tokens."
-    run_dir = Path(run_dir)
-    key = measure_key(run_dir, data, tokens, radial_tokens)
-    if key is None:
-        raise RunDirError(f"{run_dir} has no checkpoint to measure; train it first.")
-    if (m := read_measure(run_dir, key)) is not None:
-        return m
-    t0 = time.time()
-    cfg, model = load_run(run_dir, device)
-    ids = _ids(data)[0][: tokens + 1]  # `tokens` scored targets in consecutive windows
-    spec, kw = as_spec(model), dict(batch_size=cfg.batch_size, seq_len=cfg.seq_len, device=device)
-    norms = token_norms(spec, ids, **kw)
-    m = dict(
-        key,
-        exits=eval_exits(spec, ids, ce_chunk=cfg.ce_chunk, **kw),
-        norms=[dict(k=k, **norm_stats(n)) for k, n in enumerate(norms, 1)],
-        radial=radial_fractions(
-            model,
-            ids[: radial_tokens + 1],
-            max_batches=None,
-            loss=cfg.loss,
-            norm_penalty=cfg.norm_penalty,
-            ce_chunk=cfg.ce_chunk,
-            **kw,
-        ),
-    )
-    m['seconds'] = time.time() - t0
-    write_atomic(run_dir / 'scaling.json', json.dumps(m))
-    return m
-
-# %% ../nbs/07_scaling.ipynb #fca8679f
-def _add_train_seconds(run_dir: Path, seconds: float):
-    p = run_dir / 'scaling-time.json'
-    t = read_json(p, {}, damaged=lambda p, e: {})  # a damaged record starts again
-    write_atomic(p, json.dumps(dict(train_s=t.get('train_s', 0.0) + seconds, calls=t.get('calls', 0) + 1)))
-
-
-def train_seconds(run_dir) -> float:
-    "Seconds of training calls that advanced this run, as `run_scaling` recorded them (nan when none was recorded)."
-    t = read_json(Path(run_dir) / 'scaling-time.json', damaged=lambda p, e: None)
-    try:
-        return float(t['train_s'])
-    except (ValueError, KeyError, TypeError):  # none recorded (TypeError: no file), or not a number
-        return float('nan')
-
 # %% ../nbs/07_scaling.ipynb #b3eac479
 def train_job(job: Job, data, progress: bool = True) -> str:
     "Train (or resume, or skip) one run; its final state ('done', 'failed', 'running'), the seconds it took recorded."
@@ -206,23 +119,6 @@ def _scale_one(job: dict) -> str:
     if job['progress']:
         print(f"{job['head']}: {state}", flush=True)
     return state
-
-# %% ../nbs/07_scaling.ipynb #0e151480
-def measure_columns(m: dict) -> dict:
-    "The table's columns of one measurement: final-loop norm, radial fraction, PPL at every exit, gain."
-    ex, last, rad = m['exits'], m['norms'][-1], m['radial'][-1]
-    return {
-        'norm': last['mean'],
-        'norm median': last['median'],
-        'norm p99': last['p99'],
-        'radial': rad['readout'],
-        'radial predicted': radial_scale_of(rad),  # eps/mean(H^2), named `scale` since diagnostics v5
-        'lemma ratio': rad.get('ratio_p50'),  # median per-token measured/exact (v5+; None for a raw readout)
-        **{f"ppl@{e['k']}": e['ppl'] for e in ex},
-        'ppl@K': ex[-1]['ppl'],
-        'gain': math.log(ex[0]['ppl']) - math.log(ex[-1]['ppl']),
-        'measure_s': m.get('seconds'),
-    }
 
 # %% ../nbs/07_scaling.ipynb #91d9f3b8
 def job_row(job: Job, plan: Plan, data, measure: bool = True) -> dict:
@@ -399,18 +295,7 @@ class Scaling:
 
 
 MD_COLUMNS = [
-    'status',
-    'tokens',
-    'd_model',
-    'K',
-    'recipe',
-    'norm',
-    'radial',
-    'radial predicted',
-    'ppl@1',
-    'ppl@K',
-    'gain',
-    'c6',
+    'status', 'tokens', 'd_model', 'K', 'recipe', 'norm', 'radial', 'radial predicted', 'ppl@1', 'ppl@K', 'gain', 'c6'
 ]
 
 # %% ../nbs/07_scaling.ipynb #665085cd

@@ -19,7 +19,7 @@ from .scaling import Scaling, axis_rows
 from .scaling import study_title
 
 # %% auto #0
-__all__ = ['MEASURES', 'fig_scaling_drift', 'fig_scaling_axes', 'draw_scaling']
+__all__ = ['fig_scaling_drift', 'fig_scaling_axes', 'draw_scaling']
 
 # %% ../nbs/07a_scaling_figures.ipynb #ffa69785
 def _trajectory(run_dir) -> tuple:

@@ -14,8 +14,7 @@ from .model import LoopedLMConfig, train_flops_per_token
 from .variants import AT_RISK
 
 # %% auto #0
-__all__ = ['CONTROLS', 'RECIPES', 'AXES', 'GRIDS', 'REFERENCE', 'Axis', 'Point', 'scaling_points', 'Grid', 'train_flops',
-           'estimate_seconds', 'Job', 'Plan', 'scaling_run_dir']
+__all__ = ['AXES', 'GRIDS', 'Grid', 'estimate_seconds', 'Plan']
 
 # %% ../nbs/07c_scaling_grid.ipynb #9e3cef37
 CONTROLS = ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty')  # its scale-controlled counterparts
@@ -183,6 +182,7 @@ GRIDS = {
     ),
 }
 
+# %% ../nbs/07c_scaling_grid.ipynb #8563ac00
 REFERENCE = ('cpu-cosine', 3600.0)  # measured: `cpu-cosine` trains at ~3,600 tokens/s on this machine's 2 cores
 
 
@@ -218,7 +218,12 @@ class Job:
         "How progress lines and errors name the run: point, variant and seed."
         return f"{self.point.name} {self.variant} seed {self.seed}"
 
+# %% ../nbs/07c_scaling_grid.ipynb #250bed5f
+def scaling_run_dir(out_dir, point: str, variant: str, seed: int) -> Path:
+    "The run directory of (point, variant, seed) in a study folder."
+    return Path(out_dir) / 'runs' / f"{point}-{variant}-seed{seed}"
 
+# %% ../nbs/07c_scaling_grid.ipynb #97352b7d
 @dataclass
 class Plan:
     "A validated scaling study: what to train and where everything goes. Nothing is created on disk until it runs."
@@ -231,8 +236,3 @@ class Plan:
     out_dir: Path
     fig_dir: Path
     device: str
-
-# %% ../nbs/07c_scaling_grid.ipynb #250bed5f
-def scaling_run_dir(out_dir, point: str, variant: str, seed: int) -> Path:
-    "The run directory of (point, variant, seed) in a study folder."
-    return Path(out_dir) / 'runs' / f"{point}-{variant}-seed{seed}"
