@@ -13,9 +13,11 @@ SKIP = ('_modidx',)  # nbdev's generated index: no imports of the package
 
 # lowest first; a module may import its own layer and the layers before it (modules listed here may not exist yet)
 LAYERS = [
+    ['formats'],  # how a number is written (00b): the report, table and reading styles; imports no package module
     ['config', 'lemmas'],
     ['variants'],  # the ablation's variants (04b): named sets of config options; the seeds/variants parameters
     ['readout_ce'],  # the chunked readout cross-entropy (01a), below the model that reads out with it
+    ['decoding', 'hub_folder'],  # generate and its KV cache (01c); a saved folder's card and checks (01d); no model
     ['model'],
     ['files'],  # atomic writes, locks, content hashes (01b)
     ['tokenizer'],  # text to ids and back (02a): the BPE and the official regex tokenizer; writes with files
@@ -24,7 +26,9 @@ LAYERS = [
     ['batches'],  # training and evaluation windows of the ids, bits per byte (02e); imports no package module
     ['devices'],  # the device, bf16 autocast and the ranks of a DDP run (02c); imports config only
     ['objective'],  # the training objective, AdamW, the lr schedule and the training batch (02d), over data
-    ['rundir'],
+    ['run_records'],  # a run folder's status and metrics records and read_json (02f), below its checkpoints
+    ['checkpoints'],  # save, verify (hashes), find and load a run's checkpoints, restore_config (02g), below rundir
+    ['rundir'],  # a run folder's lock, its config and data identity, load_run (02b); re-exports 02f and 02g's names
     ['progress'],  # the progress line and the divergence guard (03e), below the trainer that owns them
     ['train'],
     ['cli'],  # the `looped-lm-train` command (03d), above the trainer it runs
@@ -39,11 +43,13 @@ LAYERS = [
     ['claims'],  # the pre-registered claims (05c), over the same records
     ['fixtures'],  # made-up finished runs for checks and tests (05d), over the claims' clamp modes
     ['hub'],
+    ['gpu_bench'],  # the H200 benchmark's training speeds (05g), which the jobs' plan costs runs with
     ['jobs'],  # one job per run (submitit), below the studies that submit them
     ['runner'],  # the studies' shared runner (05e): workers, locks, the __main__ guard, where results go
     ['growth'],  # power-law fits of the drift and their intervals (07b), shared by the scaling and horizon studies
     ['horizon_analysis'],  # the horizon table's three analyses (08a), below the horizon study that writes the table
     ['scaling_grid'],  # the scaling grid (07c): axes, points, named grids, their cost, Job and Plan; no study
+    ['scaling_measure', 'horizon_grid'],  # a scaling run's light measurement (07d); the horizon grid and plan (08b)
     ['ablation', 'scaling', 'horizon'],  # studies
     ['results'],  # a study read back from its folder and the figures' shared pieces (05f), below the figures
     ['figures', 'scaling_figures'],  # figures from results folders (the scaling grid's from 07a)
