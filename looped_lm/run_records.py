@@ -33,6 +33,11 @@ def read_json(path: Path, default=None, damaged=None):
             f"{path} is damaged ({type(e).__name__}: {e}). It is not written by the trainer in this state; "
             f"delete {path.parent} to start that run over."
         ) from None
+    except OSError as e:  # a folder where the file should be, no permission to read it, an I/O error
+        raise RunDirError(
+            f"{path} cannot be read ({type(e).__name__}: {e.strerror or e}). Make it a readable file, or move it "
+            f"away and rerun."
+        ) from None
 
 
 def run_status(run_dir) -> dict:

@@ -276,3 +276,12 @@ def test_progress_lines(tmp_path, smoke_data, capsys):
         f"final-loop norm {last['norm'][-1]['mean']:.4g} | "
     ), lines[-1]
     assert lines[-1].endswith(' left') and 'elapsed' in lines[-1]
+
+
+def test_a_folder_where_a_json_file_should_be_is_named(tmp_path):
+    "An unreadable path is never a default or a recomputed cache: the error names it and the fix."
+    from looped_lm.run_records import RunDirError, read_json
+
+    (tmp_path / 'status.json').mkdir()
+    with pytest.raises(RunDirError, match='status.json cannot be read.*readable file'):
+        read_json(tmp_path / 'status.json', {}, damaged=lambda p, e: None)
