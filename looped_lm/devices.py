@@ -12,7 +12,7 @@ import torch.distributed as dist
 from .config import ExperimentConfig, ConfigError
 
 # %% auto #0
-__all__ = ['resolve_device']
+__all__ = ['resolve_device', 'autocast', 'world']
 
 # %% ../nbs/02c_devices.ipynb #7eff13a6
 def resolve_device(cfg: ExperimentConfig) -> torch.device:

@@ -28,7 +28,7 @@ from .scaling import add_c6
 from .scaling_grid import train_flops
 from .variants import AT_RISK
 from .horizon_analysis import CLOCKS, collapse_test, dose_response, drift_law
-from .horizon_grid import clock_of, HorizonJob, HorizonPlan, HORIZON_GRIDS, check_horizon  # 08b
+from .horizon_grid import clock_of, HorizonJob, HorizonPlan, HORIZON_GRIDS, check_horizon  # noqa: F401 (08b)
 from .horizon_grid import CONSTANT, HorizonGrid, checkpoint_steps, _check_arms, horizon_run_name  # noqa: F401
 
 # %% auto #0
