@@ -16,7 +16,7 @@ from .data import TokenData
 from .run_records import RunDirError, read_json, fsync
 
 # %% auto #0
-__all__ = ['DamagedCheckpointError', 'verify_checkpoint', 'latest_checkpoint', 'restore_config']
+__all__ = ['DamagedCheckpointError', 'verify_checkpoint', 'CheckpointWriteError', 'latest_checkpoint', 'restore_config']
 
 # %% ../nbs/02g_checkpoints.ipynb #1596d0d4
 CKPT_FILES = ('model.safetensors', 'state.pt')  # a checkpoint's files; its `hashes.json` records their SHA-256

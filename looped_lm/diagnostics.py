@@ -20,7 +20,8 @@ from .radial import radial_fractions, angular_updates
 from .rundir import latest_checkpoint, load_run
 
 # %% auto #0
-__all__ = ['HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'eval_exits', 'diagnose', 'diagnose_run']
+__all__ = ['HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'eval_exits', 'hill_estimator', 'token_norms', 'norm_stats', 'clamp_modes',
+           'diagnose', 'diagnose_run']
 
 # %% ../nbs/04_diagnostics.ipynb #f7635442
 def _module(obj):

@@ -11,7 +11,7 @@ from .protocol import run_loops, slice_context, token_windows, readout_pieces, t
 from .spec_checks import guarded_spec
 
 # %% auto #0
-__all__ = ['POLICIES', 'GRANULARITIES', 'halting_policy', 'halting_speed']
+__all__ = ['POLICIES', 'GRANULARITIES', 'halting_policy', 'loop_scores', 'adaptive_halting', 'halting_speed']
 
 # %% ../nbs/04c_halting.ipynb #404b2557
 POLICIES = ('max_prob', 'logit_margin', 'entropy')

@@ -17,7 +17,8 @@ from huggingface_hub import PyTorchModelHubMixin
 from safetensors import SafetensorError
 
 # %% auto #0
-__all__ = ['LoopedLMConfig', 'LoopedOutput', 'LoopedLM', 'num_params', 'forward_flops_per_token', 'train_flops_per_token']
+__all__ = ['LoopedLMConfig', 'LoopedOutput', 'LoopedLM', 'num_params', 'forward_flops_per_token', 'train_flops_per_token',
+           'saved_tensor_bytes']
 
 # %% ../nbs/01_model.ipynb #0c479aa1
 @dataclass(frozen=True)

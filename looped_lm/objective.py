@@ -12,7 +12,7 @@ from .data import TokenData
 from .batches import get_batch, window_batch
 
 # %% auto #0
-__all__ = ['norm_penalty', 'objective']
+__all__ = ['norm_penalty', 'objective', 'param_groups', 'make_optimizer', 'lr_at']
 
 # %% ../nbs/02d_objective.ipynb #5cb2a61f
 def norm_penalty(hidden: list) -> torch.Tensor:

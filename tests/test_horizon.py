@@ -1,5 +1,6 @@
-"""The horizon study (nbs/08_horizon.ipynb): the paper's clock, grids and plans, the three analyses on synthetic
-tables whose answer is known (nbs/08a_horizon_analysis.ipynb), the record file, and the tiny grid end to end.
+"""The horizon study (nbs/08_horizon.ipynb; its clock, grids and plans in nbs/08b_horizon_grid.ipynb), the three
+analyses on synthetic tables whose answer is known (nbs/08a_horizon_analysis.ipynb), the record file, and the tiny
+grid end to end.
 
 The tiny grid trains 8 runs of 32 steps in segments to log-spaced checkpoints, keeps and measures each; segmented
 training gives the weights of one uninterrupted run; a rerun trains and measures nothing; a record of another
