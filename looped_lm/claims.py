@@ -385,7 +385,8 @@ def claims_markdown(cl: dict) -> str:
         out += [f"## {s['label']}", '', f"Variants: {', '.join(s['variants']) or 'none in this study'}.", '']
         if not s['claims']:
             continue
-        out += ['| claim | holds when | measured (seed-averaged measures [per-seed range]) | seeds | verdict |', '|---|---|---|---|---|']
+        head = '| claim | holds when | measured (seed-averaged measures [per-seed range]) | seeds | verdict |'
+        out += [head, '|---|---|---|---|---|']
         for c, v in s['claims'].items():
             nums = ', '.join(
                 f"{_md(k)} {format_number(x, 'table')}"
