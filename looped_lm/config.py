@@ -140,6 +140,17 @@ _POSITIVE = (
     'min_freq',
 )
 
+# %% ../nbs/00a_config.ipynb #fdb70f28
+def named_choice(choice, table: dict, kind: type, what: str) -> tuple:
+    """`(name, value)` for `choice`: a key of `table`, or a `kind` instance (named 'custom'). Anything else is a
+    `ConfigError` that lists the names."""
+    if isinstance(choice, kind):
+        return 'custom', choice
+    if not isinstance(choice, str) or choice not in table:
+        names = ', '.join(table)
+        raise ConfigError(f"Unknown {what} {choice!r}; choose one of {names} (or pass a {kind.__name__}).")
+    return choice, table[choice]
+
 # %% ../nbs/00a_config.ipynb #745f48b5
 _NONNEGATIVE = (
     'norm_penalty',

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses, math
 from dataclasses import dataclass, field
 from pathlib import Path
-from .config import ExperimentConfig, ConfigError, load_preset
+from .config import ExperimentConfig, ConfigError, load_preset, named_choice
 from .objective import lr_at
 from .devices import resolve_device
 from .variants import VARIANTS, GROUPS, AT_RISK, check_variants, check_seeds
@@ -120,14 +120,6 @@ class HorizonPlan:
     workers: int
 
 # %% ../nbs/08b_horizon_grid.ipynb #81290629
-def _horizon_grid(grid) -> tuple:
-    if isinstance(grid, HorizonGrid):
-        return 'custom', grid
-    if not isinstance(grid, str) or grid not in HORIZON_GRIDS:
-        raise ConfigError(f"Unknown grid {grid!r}; choose one of {', '.join(HORIZON_GRIDS)} (or pass a HorizonGrid).")
-    return grid, HORIZON_GRIDS[grid]
-
-
 def _base(spec: HorizonGrid, device: str) -> ExperimentConfig:
     "The grid's model at a constant lr, `steps` optimiser steps long, checkpointed only where the study asks."
     if isinstance(spec.steps, bool) or not isinstance(spec.steps, int) or spec.steps < 1:
@@ -153,7 +145,7 @@ def horizon_run_name(lr: float, variant: str, seed: int) -> str:
 # %% ../nbs/08b_horizon_grid.ipynb #4283d26f
 def check_horizon(grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto', workers: int = None) -> HorizonPlan:
     "Every run of the grid (lr x variant x seed) with its config, and every path, checked before any folder exists."
-    name, spec = _horizon_grid(grid)
+    name, spec = named_choice(grid, HORIZON_GRIDS, HorizonGrid, 'grid')
     base = _base(spec, device)
     dev, arms = str(resolve_device(base)), _check_arms(spec.arms)
     seeds = check_seeds(list(spec.seeds), [])

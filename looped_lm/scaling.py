@@ -10,7 +10,7 @@ import dataclasses, time
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np, pandas as pd
-from .config import ExperimentConfig, ConfigError, load_preset
+from .config import ExperimentConfig, ConfigError, load_preset, named_choice
 from .data import prepare_data, write_atomic
 from .model import LoopedLM, LoopedLMConfig, num_params
 from .train import train, TrainingError
@@ -30,14 +30,6 @@ __all__ = ['MD_COLUMNS', 'check_scaling', 'growth_table', 'reading', 'Scaling', 
            'published_table']
 
 # %% ../nbs/07_scaling.ipynb #bb0781ad
-def _grid(grid) -> tuple:
-    if isinstance(grid, Grid):
-        return 'custom', grid
-    if not isinstance(grid, str) or grid not in GRIDS:
-        raise ConfigError(f"Unknown grid {grid!r}; choose one of {', '.join(GRIDS)} (or pass a Grid).")
-    return grid, GRIDS[grid]
-
-
 def _check_tokens(spec: Grid, base: ExperimentConfig):
     for k in ('measure_tokens', 'radial_tokens'):
         v = getattr(spec, k)
@@ -68,7 +60,7 @@ def scaling_dirs(name: str, spec: Grid, preset: str = None, out_dir=None, fig_di
 # %% ../nbs/07_scaling.ipynb #74504fa3
 def check_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, device: str = 'auto') -> Plan:
     "Every run of the study (point x variant x seed) with its config, and every path, checked before any folder exists."
-    name, spec = _grid(grid)
+    name, spec = named_choice(grid, GRIDS, Grid, 'grid')
     base = load_preset(preset or spec.preset, **spec.overrides)
     if device not in ('auto', 'cpu', 'cuda'):
         raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}.")
