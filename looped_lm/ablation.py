@@ -6,7 +6,7 @@ paper-exact-44m` on a GPU."""
 
 # %% ../nbs/05_ablation.ipynb #b8aa09d1
 from __future__ import annotations
-import hashlib, json, numbers, time
+import hashlib, json, time
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -21,8 +21,8 @@ from .jobs import EXECUTORS, check_executor, plan_study, prepare_once, run_jobs
 from .variants import VARIANTS, check_seeds, check_variants
 from .tables import write_tables, read_throughput
 from .claims import write_claims
-from .runner import repo_root, shown, check_folder, default_workers, check_spawn_guard, job_data
-from .runner import run_study_jobs, study_lock
+from .runner import repo_root, shown, check_folder, check_spawn_guard, job_data
+from .runner import run_study_jobs, study_lock, check_device, check_workers
 
 # %% auto #0
 __all__ = ['STUDY_EXECUTORS', 'collect', 'run_ablation']
@@ -68,9 +68,7 @@ def check_params(
     """Every parameter of a study validated, and every path decided, before any folder is created. `on_jobs`: the runs
     train elsewhere (submitit jobs, or only planned), so this machine's device is neither checked nor counted."""
     cfg = load_preset(preset)
-    if device not in ('auto', 'cpu', 'cuda'):
-        raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}.")
-    if device != 'auto':
+    if check_device(device) != 'auto':
         cfg = cfg.replace(device=device)
     # GPU-only options without a GPU are refused here, with the override that fixes them (unless the jobs run elsewhere)
     dev = None if on_jobs else resolve_device(cfg)
@@ -89,13 +87,7 @@ def check_params(
     n_runs = len(names) * len(seeds)
     if workers is None and on_jobs:
         return Study(preset, cfg, names, seeds, out, study_dir, fig, None)  # the executor's default
-    if workers is None:
-        workers = default_workers(n_runs, dev.type)
-    if isinstance(workers, str) and workers.strip().isdigit():
-        workers = int(workers)
-    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
-        raise ConfigError(f"workers must be a positive integer (or None: what fits the machine), got {workers!r}.")
-    workers = min(int(workers), n_runs)
+    workers = check_workers(workers, n_runs, dev.type if dev is not None else 'cpu')
     if not on_jobs:
         check_spawn_guard(workers)  # a script without a __main__ guard: refused before any work
     return Study(preset, cfg, names, seeds, out, study_dir, fig, workers)

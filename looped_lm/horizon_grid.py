@@ -12,7 +12,7 @@ from .config import ExperimentConfig, ConfigError, load_preset, named_choice
 from .objective import lr_at
 from .devices import resolve_device
 from .variants import VARIANTS, GROUPS, AT_RISK, check_variants, check_seeds
-from .runner import check_folder, default_workers, repo_root
+from .runner import check_device, check_folder, check_workers, repo_root
 
 # %% auto #0
 __all__ = ['HORIZON_GRIDS', 'clock_of', 'HorizonGrid', 'HorizonPlan', 'check_horizon']
@@ -133,9 +133,7 @@ def _base(spec: HorizonGrid, device: str) -> ExperimentConfig:
             raise ConfigError(f"{k} = {v!r}: give an integer of at least two windows ({2 * base.seq_len} tokens).")
     if spec.radial_tokens > spec.measure_tokens:
         raise ConfigError(f"radial_tokens ({spec.radial_tokens}) must be <= measure_tokens ({spec.measure_tokens}).")
-    if device not in ('auto', 'cpu', 'cuda'):
-        raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}.")
-    return base if device == 'auto' else base.replace(device=device)
+    return base if check_device(device) == 'auto' else base.replace(device=device)
 
 
 def horizon_run_name(lr: float, variant: str, seed: int) -> str:
@@ -162,8 +160,6 @@ def check_horizon(grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto',
                    out / 'runs' / horizon_run_name(lr, v, s), out / 'kept' / horizon_run_name(lr, v, s), steps)
         for lr, vs in arms for v in vs for s in seeds
     ]
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise ConfigError(f"workers must be a positive integer (or None: one per two cores), got {workers!r}.")
-    n = workers or default_workers(len(jobs), dev)
+    n = check_workers(workers, len(jobs), dev)
     spec = dataclasses.replace(spec, arms=tuple((lr, tuple(v)) for lr, v in arms), seeds=tuple(seeds))
-    return HorizonPlan(name, spec, base, jobs, out, fig, dev, min(n, len(jobs)))
+    return HorizonPlan(name, spec, base, jobs, out, fig, dev, n)

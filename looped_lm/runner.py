@@ -6,13 +6,13 @@ results go."""
 
 # %% ../nbs/05e_runner.ipynb #a5e1c004
 from __future__ import annotations
-import ast, contextlib, os, queue, sys, time
+import ast, contextlib, numbers, os, queue, sys, time
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 import torch
-from .config import ConfigError, settings_path
+from .config import DEVICES, ConfigError, settings_path
 from .data import prepare_data
 from .files import dir_lock, LockedError
 
@@ -49,6 +49,26 @@ def default_workers(n_runs: int, device: str) -> int:
     else:
         n = len(os.sched_getaffinity(0)) // 2 if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1) // 2
     return max(1, min(n, n_runs))
+
+
+def check_device(device: str) -> str:
+    "A study's device: one of `config.DEVICES` ('auto' lets the preset decide), else a ConfigError naming them."
+    if device not in DEVICES:
+        raise ConfigError(f"device must be one of {', '.join(map(repr, DEVICES))}, got {device!r}.")
+    return device
+
+
+def check_workers(workers, n_runs: int, device: str) -> int:
+    """Worker processes for `n_runs` runs: a positive integer (papermill's `-p workers 2` gives the string '2'), or
+    None for `default_workers`; never more than the runs."""
+    if workers is None:
+        return default_workers(n_runs, device)
+    if isinstance(workers, str) and workers.strip().isdigit():
+        workers = int(workers)
+    if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
+        raise ConfigError(f"workers must be a positive integer (or None: what fits the machine), got {workers!r}.")
+    return min(int(workers), n_runs)
+
 
 # %% ../nbs/05e_runner.ipynb #5b1e7c20
 class WorkerError(RuntimeError):

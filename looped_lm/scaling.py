@@ -18,7 +18,7 @@ from .devices import resolve_device
 from .rundir import run_status
 from .variants import VARIANTS, check_variants, check_seeds, AT_RISK
 from .tables import to_markdown
-from .runner import repo_root, check_folder, job_data, run_study_jobs, study_lock
+from .runner import repo_root, check_folder, check_device, job_data, run_study_jobs, study_lock
 from .growth import fit_growth, growth_row, short_number, fit_sentence, carry_sentence
 from .scaling_grid import RECIPES, AXES, Grid, GRIDS, scaling_points, estimate_seconds
 from .scaling_grid import Job, Plan, scaling_run_dir
@@ -62,9 +62,7 @@ def check_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, d
     "Every run of the study (point x variant x seed) with its config, and every path, checked before any folder exists."
     name, spec = named_choice(grid, GRIDS, Grid, 'grid')
     base = load_preset(preset or spec.preset, **spec.overrides)
-    if device not in ('auto', 'cpu', 'cuda'):
-        raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}.")
-    if device != 'auto':
+    if check_device(device) != 'auto':
         base = base.replace(device=device)
     dev = str(resolve_device(base))
     variants = check_variants(spec.variants)

@@ -118,7 +118,7 @@ def test_bad_ablation_parameters(tmp_path):
         (dict(seeds=1.5), 'seeds must be'),
         (dict(seeds=[0, 0]), 'repeat a seed'),
         (dict(variants=[]), 'selects no variant'),
-        (dict(device='tpu'), "device must be 'auto', 'cpu' or 'cuda'"),
+        (dict(device='tpu'), "device must be one of 'auto', 'cpu', 'cuda'"),
     ]:
         with mock.patch('looped_lm.ablation.prepare_data', side_effect=AssertionError('read data before checking')):
             with pytest.raises(ConfigError, match=says):
