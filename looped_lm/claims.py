@@ -324,7 +324,7 @@ def _by_variant(views: dict, names: list, keys: list) -> dict:
 
 # %% ../nbs/05c_claims.ipynb #e7486f2c
 def claim_set(records, names: list) -> dict:
-    "Every claim over the variants `names` of `records`: seed-mean numbers and verdict, per-seed verdicts and numbers."
+    "Every claim over the variants `names` of `records`: numbers and verdict on seed-averaged measures, per-seed ones."
     views, out = _views([r for r in records if r['variant'] in names]), {}
     for cid, (title, statement, test, per_loop, keys) in CLAIMS.items():
         res = {view: test(m, names) for view, m in views.items()}
@@ -377,8 +377,8 @@ def claims(records) -> dict:
 
 # %% ../nbs/05c_claims.ipynb #f9ae8bc2
 def claims_markdown(cl: dict) -> str:
-    """The claims as Markdown, a table per section: statement, seed-mean numbers [range over seeds] in the table style,
-    seeds, verdict."""
+    """The claims as Markdown, a table per section: statement, numbers on seed-averaged measures [per-seed range] in the
+    table style, seeds, verdict."""
     out = []
     for sec in ('primary', 'extension'):
         s = cl[sec]

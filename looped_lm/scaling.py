@@ -19,7 +19,8 @@ from .rundir import run_status
 from .variants import VARIANTS, check_variants, check_seeds, AT_RISK
 from .tables import to_markdown
 from .runner import repo_root, check_folder, check_device, job_data, run_study_jobs, study_lock
-from .growth import fit_growth, growth_row, short_number, fit_sentence, carry_sentence
+from .formats import short_number
+from .growth import fit_growth, growth_row, fit_sentence, carry_sentence
 from .scaling_grid import RECIPES, AXES, Grid, GRIDS, scaling_points, estimate_seconds
 from .scaling_grid import Job, Plan, scaling_run_dir
 from .scaling_measure import _add_train_seconds, train_seconds, measure_columns, measure_run  # 07d
