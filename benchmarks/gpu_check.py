@@ -41,7 +41,7 @@ from bench_lib import (
 )
 from looped_lm.config import load_preset
 from looped_lm.data import TokenData
-from looped_lm.rundir import read_metrics
+from looped_lm.run_records import read_metrics
 from looped_lm.train import train
 from looped_lm.devices import autocast
 

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
 from .config import ExperimentConfig, ConfigError, load_preset
-from .data import prepare_data, write_atomic, sweep_stale_tmp
+from .data import prepare_data
+from .files import write_atomic, sweep_stale_tmp
 from .train import train, TrainingError
 from .devices import resolve_device
-from .rundir import run_status, read_metrics
+from .run_records import run_status, read_metrics
 from .diagnostics import diagnose_run, exit_throughput
 from .reports import current_report, DIAG_VERSION
 from .jobs import EXECUTORS, check_executor, plan_study, prepare_once, run_jobs

@@ -9,7 +9,7 @@ import argparse, sys
 from .config import ConfigError, load_preset, list_presets, parse_values
 from .files import LockedError, WriteError
 from .corpus import DataNotFoundError
-from .rundir import RunDirError
+from .run_records import RunDirError
 from .train import train, TrainingError
 from .devices import world
 

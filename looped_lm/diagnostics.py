@@ -17,7 +17,8 @@ from .spec_checks import checked_spec, IGNORED_STATE, guarded_spec
 from .halting import loop_scores, adaptive_halting
 from .reports import DIAG_VERSION, DiagnosticReport, _cached, checkpoint_id
 from .radial import radial_fractions, angular_updates
-from .rundir import latest_checkpoint, load_run
+from .rundir import load_run
+from .checkpoints import latest_checkpoint
 
 # %% auto #0
 __all__ = ['HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'eval_exits', 'hill_estimator', 'token_norms', 'norm_stats', 'clamp_modes',

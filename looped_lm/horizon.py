@@ -14,7 +14,8 @@ from .data import prepare_data
 from .files import write_atomic, dir_lock
 from .model import LoopedLM, LoopedLMConfig
 from .train import train, TrainingError
-from .rundir import RunDirError, run_status, latest_checkpoint, verify_checkpoint
+from .run_records import RunDirError, run_status
+from .checkpoints import latest_checkpoint, verify_checkpoint
 from looped_lm.diagnostics import (
     loop_scores, norm_stats, clamp_modes, adaptive_halting
 )

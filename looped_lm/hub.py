@@ -7,7 +7,8 @@ attaches it to the class as `LoopedLM.from_run`."""
 from __future__ import annotations
 from pathlib import Path
 from .model import LoopedLM
-from .rundir import RunDirError, load_run, read_json
+from .rundir import load_run
+from .run_records import RunDirError, read_json
 from .reports import current_report
 
 # %% auto #0

@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd, submitit, torch
 from .config import ExperimentConfig, ConfigError
 from .data import SPLITS, TokenData, prepare_data, resolve_cache_dir
-from .rundir import run_status, latest_checkpoint, RunDirError
+from .run_records import run_status, RunDirError
+from .checkpoints import latest_checkpoint
 from .gpu_bench import GPU_BENCH, load_bench, expected_speed  # noqa: F401 -- GPU_BENCH lived here
 
 # %% auto #0

@@ -9,7 +9,8 @@ import warnings
 from pathlib import Path
 from .files import file_content_sha
 from .formats import format_number
-from .rundir import latest_checkpoint, read_json
+from .run_records import read_json
+from .checkpoints import latest_checkpoint
 
 # %% auto #0
 __all__ = ['DiagnosticReport', 'current_report']

@@ -16,7 +16,7 @@ from .config import ExperimentConfig
 from .files import write_atomic
 from .lemmas import radial_fraction
 from .model import LoopedLMConfig, forward_flops_per_token
-from .rundir import read_json, read_metrics
+from .run_records import read_json, read_metrics
 from .variants import VARIANTS, check_variants, check_seeds
 from .tables import endpoint, read_throughput
 from .ablation import collect

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 import numpy as np, pandas as pd
 from .config import ExperimentConfig, ConfigError, load_preset, named_choice
-from .data import prepare_data, write_atomic
+from .data import prepare_data
+from .files import write_atomic
 from .model import LoopedLM, LoopedLMConfig, num_params
 from .train import train, TrainingError
 from .devices import resolve_device
-from .rundir import run_status
+from .run_records import run_status
 from .variants import VARIANTS, check_variants, check_seeds, AT_RISK
 from .tables import to_markdown
 from .runner import repo_root, check_folder, check_device, job_data, run_study_jobs, study_lock

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np, pandas as pd
 import matplotlib.pyplot as plt, seaborn as sns
 from matplotlib.ticker import NullFormatter
-from .rundir import read_metrics
+from .run_records import read_metrics
 from .variants import check_variants
 from .results import STYLE, palette, save, check_fig_dir
 from .growth import PAPER_DRIFT, PAPER_TOKENS

@@ -9,7 +9,9 @@ import json, math, time
 from pathlib import Path
 import numpy as np
 from .files import write_atomic
-from .rundir import RunDirError, latest_checkpoint, load_run, read_json
+from .rundir import load_run
+from .run_records import RunDirError, read_json
+from .checkpoints import latest_checkpoint
 from .diagnostics import eval_exits, token_norms, norm_stats
 from .radial import radial_fractions
 from .reports import DIAG_VERSION, radial_scale_of, checkpoint_id, matches_key

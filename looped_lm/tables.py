@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from .files import write_atomic
 from .formats import format_number
-from .rundir import read_json
+from .run_records import read_json
 from .reports import radial_scale_of
 from .variants import VARIANTS
 

@@ -4,7 +4,8 @@ import json, subprocess, sys
 from pathlib import Path
 import torch
 from safetensors.torch import load_file
-from looped_lm.rundir import read_metrics, latest_checkpoint
+from looped_lm.run_records import read_metrics
+from looped_lm.checkpoints import latest_checkpoint
 
 TIMING = ('tokens_per_s', 'mfu')  # wall-clock fields: the only ones allowed to differ between two runs
 

@@ -11,7 +11,9 @@ import looped_lm.corpus as D
 from looped_lm.data import DataNotFoundError, prepare_data, tokenizer_path
 from looped_lm.model import LoopedLM, LoopedLMConfig
 from looped_lm.train import train
-from looped_lm.rundir import load_run, load_checkpoint, latest_checkpoint, run_status, RunDirError
+from looped_lm.rundir import load_run
+from looped_lm.run_records import run_status, RunDirError
+from looped_lm.checkpoints import load_checkpoint, latest_checkpoint
 from conftest import REPO
 
 

@@ -15,14 +15,9 @@ import pytest, torch
 from looped_lm.config import load_preset
 from looped_lm.diagnostics import diagnose_run
 from looped_lm.train import train
-from looped_lm.rundir import (
-    DamagedCheckpointError,
-    RunDirError,
-    latest_checkpoint,
-    load_run,
-    run_status,
-    verify_checkpoint,
-)
+from looped_lm.rundir import load_run
+from looped_lm.run_records import RunDirError, run_status
+from looped_lm.checkpoints import DamagedCheckpointError, latest_checkpoint, verify_checkpoint
 
 pytestmark = pytest.mark.corpus  # the runs train on the smoke preset's WikiText-2 tokens
 CFG = load_preset('smoke', ckpt_every=10)

@@ -55,7 +55,8 @@ def _ddp(run_dir, tmp_path, nproc=2, **ov):
 def test_two_ranks_train_like_one_process(smoke_data, tmp_path):
     import torch
     from safetensors.torch import load_file
-    from looped_lm.rundir import read_metrics, run_status, latest_checkpoint
+    from looped_lm.run_records import read_metrics, run_status
+    from looped_lm.checkpoints import latest_checkpoint
 
     one, two = tmp_path / 'one', tmp_path / 'two'
     p = _single(one, tmp_path)

@@ -12,7 +12,8 @@ import looped_lm.objective as O
 from looped_lm.config import load_preset
 from looped_lm.model import LoopedLM
 from looped_lm.train import train, TrainingError
-from looped_lm.rundir import read_metrics, run_status, latest_checkpoint
+from looped_lm.run_records import read_metrics, run_status
+from looped_lm.checkpoints import latest_checkpoint
 from _util import weights, inject_nan
 
 pytestmark = pytest.mark.corpus  # every test trains on the smoke preset's WikiText-2 tokens

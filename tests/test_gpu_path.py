@@ -15,7 +15,7 @@ import numpy as np, pytest, torch
 from looped_lm.config import load_preset, list_presets
 from looped_lm.readout_ce import linear_ce
 from looped_lm.train import train, start_run, train_step, log_step
-from looped_lm.rundir import read_metrics
+from looped_lm.run_records import read_metrics
 
 BF16_TOL = 0.05  # nats: bf16 autocast vs float32, at every logged step of the smoke run (CE about 6.2 -> 4.5)
 

@@ -12,7 +12,7 @@ import numpy as np, pandas as pd
 import pytest
 from looped_lm.config import ConfigError, load_preset
 from looped_lm.train import train
-from looped_lm.rundir import latest_checkpoint
+from looped_lm.checkpoints import latest_checkpoint
 from looped_lm.variants import AT_RISK
 from looped_lm.horizon import (
     HORIZON_GRIDS,

@@ -22,7 +22,8 @@ from looped_lm.variants import VARIANTS, GROUPS
 from looped_lm.ablation import run_dir_of, _run_one, run_ablation, study_key
 from looped_lm.config import ConfigError, load_preset
 from looped_lm.train import train
-from looped_lm.rundir import run_status, latest_checkpoint
+from looped_lm.run_records import run_status
+from looped_lm.checkpoints import latest_checkpoint
 from _util import assert_same_run
 
 SMOKE = load_preset('smoke')

@@ -8,7 +8,7 @@ import looped_lm.hub  # noqa: F401 (attaches LoopedLM.from_run)
 from looped_lm.config import load_preset
 from looped_lm.model import HubFolderError, LoopedLM, LoopedLMConfig
 from looped_lm.train import train
-from looped_lm.rundir import latest_checkpoint
+from looped_lm.checkpoints import latest_checkpoint
 from looped_lm.reports import DIAG_VERSION, checkpoint_id
 from safetensors.torch import load_file
 

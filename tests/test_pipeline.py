@@ -12,7 +12,7 @@ import looped_lm.diagnostics, looped_lm.objective
 from looped_lm.ablation import check_params, run_ablation
 from looped_lm.config import load_preset, settings_path
 from looped_lm.train import train
-from looped_lm.rundir import RunDirError, run_status
+from looped_lm.run_records import RunDirError, run_status
 from _util import inject_nan
 
 VARIANTS = ['perloop-rmsnorm', 'perloop-raw']

@@ -12,7 +12,8 @@ import pytest
 import looped_lm.checkpoints as T  # the checkpoint writer's module: its save_model and write_atomic are patched
 from looped_lm.config import load_preset
 from looped_lm.train import train
-from looped_lm.rundir import read_metrics, run_status, latest_checkpoint
+from looped_lm.run_records import read_metrics, run_status
+from looped_lm.checkpoints import latest_checkpoint
 from _util import train_cmd, train_subprocess, records, assert_same_run
 
 OV = dict(ckpt_every=10)  # smoke: 96 steps, a train record every 5 steps, a checkpoint every 10

@@ -14,7 +14,9 @@ import looped_lm.checkpoints as T  # the checkpoint writer's module: its save_mo
 from looped_lm.files import dir_lock
 from looped_lm.config import load_preset
 from looped_lm.train import train
-from looped_lm.rundir import load_run, read_metrics, latest_checkpoint, expected_records, restore_config, RunDirError
+from looped_lm.rundir import load_run
+from looped_lm.run_records import read_metrics, expected_records, RunDirError
+from looped_lm.checkpoints import latest_checkpoint, restore_config
 from _util import assert_same_run
 
 OV = dict(ckpt_every=10)  # smoke: 96 steps, a train record every 5 steps, a checkpoint every 10

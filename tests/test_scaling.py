@@ -10,7 +10,8 @@ import numpy as np, pandas as pd
 import pytest
 from looped_lm.config import ConfigError, load_preset
 from looped_lm.train import train
-from looped_lm.rundir import run_status, latest_checkpoint
+from looped_lm.run_records import run_status
+from looped_lm.checkpoints import latest_checkpoint
 from looped_lm.variants import AT_RISK
 from looped_lm.scaling_grid import Grid, estimate_seconds, scaling_points
 from looped_lm.scaling import check_scaling, measure_key, measure_run, read_measure, run_scaling

@@ -11,7 +11,7 @@ starts a two-worker study without a `__main__` guard gets a clear error before a
 import os, signal, subprocess, sys, time
 import pytest
 from looped_lm.config import ConfigError
-from looped_lm.data import LockedError, dir_lock
+from looped_lm.files import LockedError, dir_lock
 from looped_lm.variants import GROUPS, VARIANTS, check_seeds, check_variants
 from looped_lm.ablation import check_params, run_ablation, run_dir_of, study_key
 from looped_lm.runner import check_spawn_guard, run_study_jobs, study_lock
@@ -125,7 +125,7 @@ def test_two_workers_give_the_same_tables(tmp_path, smoke_data):
 HOLD = """
 import os, sys, time
 from pathlib import Path
-from looped_lm.data import dir_lock
+from looped_lm.files import dir_lock
 folder, what, until = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 with dir_lock(folder, what=what):
     print('held', flush=True)
