@@ -12,7 +12,7 @@ from .config import ExperimentConfig, ConfigError, load_preset, named_choice
 from .objective import lr_at
 from .devices import resolve_device
 from .variants import VARIANTS, GROUPS, AT_RISK, check_variants, check_seeds
-from .runner import check_device, check_folder, check_workers, repo_root
+from .runner import check_device, check_workers, grid_dirs
 
 # %% auto #0
 __all__ = ['HORIZON_GRIDS', 'clock_of', 'HorizonGrid', 'HorizonPlan', 'check_horizon']
@@ -148,13 +148,7 @@ def check_horizon(grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto',
     dev, arms = str(resolve_device(base)), _check_arms(spec.arms)
     seeds = check_seeds(list(spec.seeds), [])
     steps = tuple(checkpoint_steps(spec.first, spec.steps, spec.ratio))
-    if name == 'custom' and out_dir in (None, ''):
-        raise ConfigError("A custom HorizonGrid needs its own out_dir (two would share results/horizon-custom).")
-    out = Path(out_dir) if out_dir not in (None, '') else repo_root() / 'results' / f'horizon-{name}'
-    published = spec.publish and out_dir in (None, '')
-    fig = Path(fig_dir) if fig_dir else (repo_root() / 'figures' / f'horizon-{name}' if published else out / 'figures')
-    check_folder(out, 'out_dir')
-    check_folder(fig, 'fig_dir')
+    out, fig = grid_dirs('horizon', name, name == 'custom', spec.publish, out_dir, fig_dir)
     jobs = [
         HorizonJob(lr, v, s, VARIANTS[v].config(base.replace(lr=lr)).replace(seed=s),
                    out / 'runs' / horizon_run_name(lr, v, s), out / 'kept' / horizon_run_name(lr, v, s), steps)

@@ -70,6 +70,23 @@ def check_workers(workers, n_runs: int, device: str) -> int:
     return min(int(workers), n_runs)
 
 
+def grid_dirs(kind: str, key: str, custom: bool, publish: bool, out_dir=None, fig_dir=None) -> tuple:
+    """(out_dir, fig_dir) of a grid study (`kind` 'scaling' or 'horizon'), checked, nothing created:
+    `results/<kind>-<key>/`; a published grid run into that default folder draws into `figures/<kind>-<key>/`, any
+    other into `out_dir/figures/`. A custom grid must name its out_dir (two would share `<kind>-custom`)."""
+    default_out = out_dir in (None, '')
+    if custom and default_out:
+        raise ConfigError(
+            f"A custom {kind} grid needs its own out_dir (two would share results/{kind}-custom); pass out_dir."
+        )
+    out = repo_root() / 'results' / f'{kind}-{key}' if default_out else Path(out_dir)
+    drawn = repo_root() / 'figures' / f'{kind}-{key}' if publish and default_out else out / 'figures'
+    fig = Path(fig_dir) if fig_dir else drawn
+    check_folder(out, 'out_dir')
+    check_folder(fig, 'fig_dir')
+    return out, fig
+
+
 # %% ../nbs/05e_runner.ipynb #5b1e7c20
 class WorkerError(RuntimeError):
     "A worker process of a study died (killed, out of memory, or a script that starts the study on import)."

@@ -19,7 +19,7 @@ from .devices import resolve_device
 from .run_records import run_status
 from .variants import VARIANTS, check_variants, check_seeds, AT_RISK
 from .tables import to_markdown
-from .runner import repo_root, check_folder, check_device, job_data, run_study_jobs, study_lock
+from .runner import check_device, grid_dirs, job_data, run_study_jobs, study_lock
 from .formats import short_number
 from .growth import fit_growth, growth_row, fit_sentence, carry_sentence
 from .scaling_grid import RECIPES, AXES, Grid, GRIDS, scaling_points, estimate_seconds
@@ -46,18 +46,8 @@ def _check_tokens(spec: Grid, base: ExperimentConfig):
 def scaling_dirs(name: str, spec: Grid, preset: str = None, out_dir=None, fig_dir=None) -> tuple:
     """(out_dir, fig_dir) of a grid, checked, nothing created: `results/scaling-<grid>[-<preset>]/`; the figures of a
     published grid run into its default folder go to `figures/scaling-<grid>/`, the others into `out_dir/figures/`."""
-    if name == 'custom' and out_dir in (None, ''):
-        raise ConfigError(
-            "A custom Grid needs its own out_dir (two custom grids would share results/scaling-custom); pass out_dir."
-        )
-    preset = preset or None
-    key = name if preset in (None, spec.preset) else f"{name}-{preset}"
-    out = Path(out_dir) if out_dir not in (None, '') else repo_root() / 'results' / f'scaling-{key}'
-    published = spec.publish and out_dir in (None, '')
-    fig = Path(fig_dir) if fig_dir else (repo_root() / 'figures' / f'scaling-{key}' if published else out / 'figures')
-    check_folder(out, 'out_dir')
-    check_folder(fig, 'fig_dir')
-    return out, fig
+    key = name if preset in (None, '', spec.preset) else f"{name}-{preset}"
+    return grid_dirs('scaling', key, name == 'custom', spec.publish, out_dir, fig_dir)
 
 # %% ../nbs/07_scaling.ipynb #74504fa3
 def check_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, device: str = 'auto') -> Plan:
