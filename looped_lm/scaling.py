@@ -24,7 +24,7 @@ from .formats import short_number
 from .growth import fit_growth, growth_row, fit_sentence, carry_sentence
 from .scaling_grid import RECIPES, AXES, Grid, GRIDS, scaling_points, estimate_seconds
 from .scaling_grid import Job, Plan, scaling_run_dir
-from .scaling_measure import _add_train_seconds, train_seconds, measure_columns, measure_run  # 07d
+from .scaling_measure import add_train_seconds, train_seconds, measure_columns, measure_run  # 07d
 from .scaling_measure import SCALING_VERSION, measure_key, read_measure  # noqa: F401 (named here too)
 
 # %% auto #0
@@ -88,7 +88,7 @@ def train_job(job: Job, data, progress: bool = True) -> str:
             print(f"{job.label}: FAILED: {e}", flush=True)
     finally:
         if run_status(job.run_dir).get('step', 0) > before:
-            _add_train_seconds(job.run_dir, time.time() - t0)
+            add_train_seconds(job.run_dir, time.time() - t0)
     return run_status(job.run_dir).get('state', 'missing')
 
 

@@ -89,7 +89,7 @@ def measure_run(run_dir, data, tokens: int = 16384, radial_tokens: int = 4096, d
     return m
 
 # %% ../nbs/07d_scaling_measure.ipynb #fca8679f
-def _add_train_seconds(run_dir: Path, seconds: float):
+def add_train_seconds(run_dir: Path, seconds: float):
     p = run_dir / 'scaling-time.json'
     t = read_json(p, {}, damaged=lambda p, e: {})  # a damaged record starts again
     write_atomic(p, json.dumps(dict(train_s=t.get('train_s', 0.0) + seconds, calls=t.get('calls', 0) + 1)))
