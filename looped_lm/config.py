@@ -23,7 +23,7 @@ DTYPES = ('float32', 'bfloat16')
 DEVICES = ('auto', 'cpu', 'cuda')
 MLPS = ('gelu', 'swiglu')  # the block's MLP (see 01_model)
 INITS = ('gpt2', 'torch')  # weight initialisation (see 01_model)
-SCHEDULES = ('cosine', 'constant')  # learning-rate schedule (see 03_train)
+SCHEDULES = ('cosine', 'constant', 'wsd')  # learning-rate schedule (see 02d_objective)
 TOKENIZERS = ('bpe', 'regex')  # byte-level BPE or the official word-level regex tokenizer (see 02_data)
 
 # %% ../nbs/00a_config.ipynb #dcfc69e8
@@ -65,6 +65,7 @@ class ExperimentConfig:
     schedule: str = 'cosine'  # one of SCHEDULES: warmup then cosine, or constant (no warmup, no decay)
     min_lr_ratio: float = 0.1  # cosine decays to min_lr_ratio * lr
     warmup_steps: int = 100  # linear warmup
+    decay_steps: int = 0  # wsd: the last steps, over which the lr falls linearly to 0
     weight_decay: float = 0.1  # AdamW decoupled weight decay on matrices
     beta1: float = 0.9
     beta2: float = 0.95
@@ -158,6 +159,7 @@ _NONNEGATIVE = (
     'max_train_lines',
     'min_lr_ratio',
     'warmup_steps',
+    'decay_steps',
     'weight_decay',
     'grad_clip',
     'ce_chunk',
@@ -286,6 +288,11 @@ def validate(cfg: ExperimentConfig):
         raise ConfigError(
             f"{cfg.name}: `train_tokens` ({cfg.train_tokens}) buys no step of batch_size*seq_len = "
             f"{cfg.batch_size * cfg.seq_len} tokens; raise it."
+        )
+    if cfg.schedule == 'wsd' and not 1 <= cfg.decay_steps <= cfg.steps - cfg.warmup_steps:
+        raise ConfigError(
+            f"{cfg.name}: schedule 'wsd' decays over the last `decay_steps` steps, which must be in [1, steps - "
+            f"warmup_steps] = [1, {cfg.steps - cfg.warmup_steps}]; got {cfg.decay_steps}."
         )
 
 # %% ../nbs/00a_config.ipynb #4ccfbf2d

@@ -51,11 +51,14 @@ def make_optimizer(model, cfg: ExperimentConfig, device: torch.device):
 
 
 def lr_at(step: int, cfg: ExperimentConfig) -> float:
-    "Learning rate for optimiser step `step` (0-based): constant, or linear warmup then cosine to min_lr_ratio*lr."
+    """Learning rate for optimiser step `step` (0-based): constant; or linear warmup, then a cosine to min_lr_ratio*lr
+    (`cosine`) or a constant lr and a linear cooldown to 0 over the last `decay_steps` (`wsd`)."""
     if cfg.schedule == 'constant':
         return cfg.lr
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == 'wsd':
+        return cfg.lr * min(1.0, max(0, cfg.steps - step) / cfg.decay_steps)
     prog = (step - cfg.warmup_steps) / max(1, cfg.steps - 1 - cfg.warmup_steps)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, prog))))
 
