@@ -38,3 +38,33 @@ def test_studies_without_records_are_the_known_ones():
     "Studies made before records were kept; each says so in its README. A new study must commit its records."
     assert sorted(set(STUDIES) - set(WITH_RECORDS)) == ['cpu-cosine-3seeds']
     assert 'no per-run records' in (FIGURES / 'cpu-cosine-3seeds' / 'README.md').read_text()
+
+
+DEPTH_STUDIES = sorted(p.parent.name for p in FIGURES.glob('depth-*/rules.json'))
+
+
+@pytest.mark.parametrize('study', DEPTH_STUDIES)
+def test_depth_rules_and_tables_rebuild_from_the_committed_records(study, tmp_path):
+    "A depth study (nbs/09_depth) rebuilds its rows, rules R0-R6 and claims from `records/` alone, byte-identical."
+    from looped_lm.depth import rebuild_depth
+
+    src, dst = FIGURES / study, tmp_path / study
+    shutil.copytree(src / 'records', dst / 'records')
+    rebuild_depth(dst, reference=FIGURES / 'cpu-3seeds' / 'runs.jsonl', horizon=FIGURES / 'horizon-cpu' / 'records')
+    committed = [src / 'depth.md', src / 'rules.json', src / 'rules.md', *sorted(src.glob('claims-*.md'))]
+    assert len(committed) > 4, f"{src} holds no claims per arm and step"
+    for p in committed:
+        rebuilt = dst / p.name
+        assert rebuilt.exists(), f"rebuild_depth() did not write {p.name}"
+        assert rebuilt.read_bytes() == p.read_bytes(), f"{study}: {p.name} differs from its rebuild"
+
+
+def test_depth_records_hold_every_run_at_both_steps():
+    "The pre-registered design (figures/depth-cpu/README.md): 2 arms x 8 variants x seeds 1-3, steps 800 and 1,000."
+    if not (FIGURES / 'depth-cpu' / 'rules.json').exists():
+        pytest.skip('the depth study has not been published yet')
+    from looped_lm.depth import read_depth_records, DEPTH_VARIANTS
+
+    have = {(r['arm'], r['variant'], r['seed'], r['step']) for r in read_depth_records(FIGURES / 'depth-cpu')}
+    want = {(a, v, s, t) for a in ('L2', 'L1') for v in DEPTH_VARIANTS for s in (1, 2, 3) for t in (800, 1000)}
+    assert sorted(want - have) == [], 'records missing from figures/depth-cpu/records'
