@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up for looped-lm: a virtual environment in .venv with torch and the project (editable, with the dev
-# tools), and the results/ folder papermill writes into. Fast when everything is already there.
+# tools and the `eval` extra), and the results/ folder papermill writes into. Fast when everything is already there.
 #   bash scripts/setup.sh
 # Environment:
 #   PYTHON       the interpreter that creates .venv (default: python3; Python >= 3.10)
@@ -23,8 +23,11 @@ if ! python -c 'import torch' 2>/dev/null; then
   python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 fi
 # The project itself: again only when pyproject.toml changed since the last install.
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! python -c 'import looped_lm, papermill, nbdev' 2>/dev/null; then
-  python -m pip install -q -e ".[dev]"
+# The `eval` extra (transformers, lm-evaluation-harness: nbs/10_transformers, 10a_lm_eval) installs beside the torch
+# above: a constraint pins the torch that is there, so no requirement of theirs can replace it.
+needed='import looped_lm, papermill, nbdev, transformers, lm_eval'
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! python -c "$needed" 2>/dev/null; then
+  python -m pip install -q -e ".[dev,eval]" -c <(python -c 'import torch; print("torch==" + torch.__version__)')
   touch "$stamp"
 fi
 mkdir -p results
