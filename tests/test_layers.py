@@ -19,6 +19,7 @@ LAYERS = [
     ['readout_ce'],  # the chunked readout cross-entropy (01a), below the model that reads out with it
     ['decoding', 'hub_folder'],  # generate and its KV cache (01c); a saved folder's card and checks (01d); no model
     ['model'],
+    ['transformers_io'],  # the model as `transformers` classes (10): imports no package module (its folder code)
     ['files'],  # atomic writes, locks, content hashes (01b)
     ['tokenizer'],  # text to ids and back (02a): the BPE and the official regex tokenizer; writes with files
     ['corpus'],  # a corpus's text: the local copy or the Hub, its rows and article starts (01e), below data
@@ -43,6 +44,7 @@ LAYERS = [
     ['claims'],  # the pre-registered claims (05c), over the same records
     ['fixtures'],  # made-up finished runs for checks and tests (05d), over the claims' clamp modes
     ['hub'],
+    ['lm_eval_io'],  # a run as a `transformers` folder, the lm-evaluation-harness task and comparison (10a)
     ['gpu_bench'],  # the H200 benchmark's training speeds (05g), which the jobs' plan costs runs with
     ['jobs'],  # one job per run (submitit), below the studies that submit them
     ['runner'],  # the studies' shared runner (05e): workers, locks, the __main__ guard, where results go
