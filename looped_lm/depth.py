@@ -29,7 +29,7 @@ __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'DEPTH_GRIDS', 'DEP
            'DepthGrid', 'DepthJob', 'DepthPlan', 'depth_base', 'check_depth', 'depth_key', 'measure_kept',
            'advance_depth', 'depth_row', 'rule_r1', 'official_claims', 'spearman', 'rule_r3', 'rule_r4', 'rule_r6',
            'rule_r0', 'depth_rules', 'rules_markdown', 'depth_table', 'read_depth_records', 'write_depth',
-           'rebuild_depth', 'plan_records', 'publish_records', 'run_depth']
+           'rebuild_depth', 'plan_records', 'publish_records', 'run_depth', 'study_rows']
 
 # %% ../nbs/09_depth.ipynb #a2e5e010
 def dose_variant(lam: float) -> Variant:
@@ -449,8 +449,8 @@ def rule_r6(rows: list, arm: str, step: int) -> dict:
     if any((v, s) not in cell for v in DOSE for s in seeds):
         return dict(verdict='not measured', kind='description')
     ys = {
-        '|ln clamp freeze_loop1|': lambda r: abs(math.log(r['clamp freeze_loop1'])),
-        '|ln clamp remove_radial|': lambda r: abs(math.log(r['clamp remove_radial'])),
+        'abs ln clamp freeze_loop1': lambda r: abs(math.log(r['clamp freeze_loop1'])),
+        'abs ln clamp remove_radial': lambda r: abs(math.log(r['clamp remove_radial'])),
         'hill': lambda r: r['hill'],
     }
     per = {
@@ -720,3 +720,8 @@ def run_depth(
         if records:
             rebuild_depth(plan.fig_dir)
     return records
+
+# %% ../nbs/09_depth.ipynb #66f484e8
+def study_rows(folder) -> pd.DataFrame:
+    "The rows of a published depth study (`folder/records/`), one per (arm, variant, seed, step), unindexed."
+    return depth_table(read_depth_records(folder)).reset_index()
