@@ -53,7 +53,7 @@ LAYERS = [
     ['scaling_grid'],  # the scaling grid (07c): axes, points, named grids, their cost, Job and Plan; no study
     ['scaling_measure', 'horizon_grid'],  # a scaling run's light measurement (07d); the horizon grid and plan (08b)
     ['ablation', 'scaling', 'horizon'],  # studies
-    ['depth'],  # the depth study (09): a dose of drift, a cooldown, a one-layer arm; over the horizon's kept checkpoints
+    ['depth'],  # the depth study (09): a dose of drift, a cooldown, a one-layer arm; reuses the horizon's kept folders
     ['results'],  # a study read back from its folder and the figures' shared pieces (05f), below the figures
     ['figures', 'scaling_figures'],  # figures from results folders (the scaling grid's from 07a)
 ]
