@@ -8,11 +8,11 @@ from __future__ import annotations
 import json, math, os, platform, resource, time
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
-from looped_lm.config import ExperimentConfig, load_preset
-from looped_lm.model import LoopedLMConfig, forward_flops_per_token
-from looped_lm.model import LoopedLM, train_flops_per_token, num_params  # noqa: F401 (for run_cpu, gpu_check)
-from looped_lm.objective import objective, make_optimizer
-from looped_lm.devices import autocast
+from looped_lm.core.config import ExperimentConfig, load_preset
+from looped_lm.model.looped import LoopedLMConfig, forward_flops_per_token
+from looped_lm.model.looped import LoopedLM, train_flops_per_token, num_params  # noqa: F401 (for run_cpu, gpu_check)
+from looped_lm.training.train import objective, make_optimizer
+from looped_lm.training.train import autocast
 
 HERE = Path(__file__).resolve().parent
 RESULTS, SCRATCH = HERE / 'results', HERE / '_out'

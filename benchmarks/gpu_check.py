@@ -39,11 +39,11 @@ from bench_lib import (
     write_json,
     peak_rss_mib,
 )
-from looped_lm.config import load_preset
-from looped_lm.data import TokenData
-from looped_lm.run_records import read_metrics
-from looped_lm.train import train
-from looped_lm.devices import autocast
+from looped_lm.core.config import load_preset
+from looped_lm.training.data import TokenData
+from looped_lm.training.rundir import read_metrics
+from looped_lm.training.train import train
+from looped_lm.training.train import autocast
 
 PEAK_FLOPS = 989e12  # H100/H200 SXM dense bf16, as the trainer's MFU
 med = statistics.median

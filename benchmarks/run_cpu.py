@@ -44,8 +44,8 @@ from bench_lib import (
     current_rss_mib,
     peak_rss_mib,
 )
-from looped_lm.objective import objective
-from looped_lm.model import saved_tensor_bytes
+from looped_lm.training.train import objective
+from looped_lm.model.looped import saved_tensor_bytes
 
 med = statistics.median
 

@@ -19,8 +19,8 @@ from bench_lib import RESULTS, SCRATCH, machine, write_json
 
 
 def run_study(preset, variants, seeds, workers, out_dir) -> dict:
-    from looped_lm.ablation import run_ablation
-    from looped_lm.tables import write_tables
+    from looped_lm.studies.ablation import run_ablation
+    from looped_lm.studies.tables import write_tables
 
     t = time.perf_counter()
     records = run_ablation(preset, variants, seeds, out_dir, workers=workers, progress=False)
@@ -39,8 +39,8 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix='study-workers-'))
     res = dict(machine=machine(), preset=a.preset, variants=a.variants, seeds=a.seeds, runs={})
-    from looped_lm.config import load_preset
-    from looped_lm.data import prepare_data
+    from looped_lm.core.config import load_preset
+    from looped_lm.training.data import prepare_data
 
     prepare_data(load_preset(a.preset), verbose=False)  # the token cache, built before either study is timed
     try:

@@ -1,3 +1,6 @@
+"""looped_lm: looped language models and the readout blind spot. `import looped_lm as ll` gives what the chapters tell a
+user to call, each imported from its home; the parts (`ll.core`, `ll.model`, `ll.training`, `ll.measure`, `ll.studies`,
+`ll.extensions`, `ll.interop`) hold the rest. The book's reading order is `nbs/index.ipynb`."""
 __version__ = "0.0.1"
 
 import warnings as _warnings
@@ -5,3 +8,38 @@ import warnings as _warnings
 # huggingface_hub and datasets import `tqdm.auto`, which warns inside Jupyter when ipywidgets is absent; our own
 # progress is printed as text, so the warning (which prints the local site-packages path) says nothing to a reader.
 _warnings.filterwarnings('ignore', message='IProgress not found')
+
+# Any `import looped_lm.<part>.<module>` runs this file first, so `LoopedLM.from_run` (attached by `interop.hub`, which
+# reads run folders from above the model) is there whichever module a user imported.
+from .core.config import ConfigError, ExperimentConfig, list_presets, load_preset  # noqa: E402
+from .model.looped import LoopedLM, LoopedLMConfig  # noqa: E402
+from .training.data import prepare_data  # noqa: E402
+from .training.train import train  # noqa: E402
+from .training.rundir import load_run  # noqa: E402
+from .measure.protocol import LoopSpec, LoopSpecError, from_hooks  # noqa: E402
+from .measure.diagnostics import DiagnosticReport, diagnose, diagnose_run  # noqa: E402
+from .studies.ablation import run_ablation  # noqa: E402
+from .studies.claims import rebuild  # noqa: E402
+from .studies.figures import make_figures  # noqa: E402
+from .extensions.scaling import run_scaling  # noqa: E402
+from .extensions.horizon import run_horizon  # noqa: E402
+from .extensions.depth import run_depth  # noqa: E402
+from .interop.hub import from_run  # noqa: E402
+
+# The `transformers` and lm-evaluation-harness bridges need the `eval` extra: imported when first asked for.
+_OPTIONAL = {'save_transformers': 'transformers_io', 'fast_tokenizer': 'transformers_io',
+             'LoopedLMForCausalLM': 'transformers_io', 'save_run': 'lm_eval', 'compare_bpb': 'lm_eval'}
+
+
+def __getattr__(name):
+    if name in _OPTIONAL:
+        import importlib
+        return getattr(importlib.import_module(f'{__name__}.interop.{_OPTIONAL[name]}'), name)
+    raise AttributeError(f"module 'looped_lm' has no attribute {name!r}")
+
+
+__all__ = [
+    'ConfigError', 'ExperimentConfig', 'list_presets', 'load_preset', 'LoopedLM', 'LoopedLMConfig', 'prepare_data',
+    'train', 'load_run', 'LoopSpec', 'LoopSpecError', 'from_hooks', 'DiagnosticReport', 'diagnose', 'diagnose_run',
+    'run_ablation', 'rebuild', 'make_figures', 'run_scaling', 'run_horizon', 'run_depth', 'from_run', *_OPTIONAL,
+]

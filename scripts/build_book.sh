@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-execute every chapter in place so that nbs/ shows its outputs (plots, tables, printed checks), then clean them.
 #   bash scripts/build_book.sh                 # all chapters (05 runs or reuses the default `cpu` study in results/cpu)
-#   bash scripts/build_book.sh nbs/01_model.ipynb nbs/04_diagnostics.ipynb   # some chapters
+#   bash scripts/build_book.sh nbs/01_model.ipynb nbs/03c_diagnostics.ipynb   # some chapters
 # Run the main job first (README): 05 and 06 then read its results instead of training again.
 set -euo pipefail
 cd "$(dirname "$0")/.."

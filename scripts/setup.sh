@@ -23,7 +23,7 @@ if ! python -c 'import torch' 2>/dev/null; then
   python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 fi
 # The project itself: again only when pyproject.toml changed since the last install.
-# The `eval` extra (transformers, lm-evaluation-harness: nbs/10_transformers, 10a_lm_eval) installs beside the torch
+# The `eval` extra (transformers, lm-evaluation-harness: nbs/07a_transformers, 07b_lm_eval) installs beside the torch
 # above: a constraint pins the torch that is there, so no requirement of theirs can replace it.
 needed='import looped_lm, papermill, nbdev, transformers, lm_eval'
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! python -c "$needed" 2>/dev/null; then

@@ -4,16 +4,16 @@ import json, subprocess, sys
 from pathlib import Path
 import torch
 from safetensors.torch import load_file
-from looped_lm.run_records import read_metrics
-from looped_lm.checkpoints import latest_checkpoint
+from looped_lm.training.rundir import read_metrics
+from looped_lm.training.rundir import latest_checkpoint
 
 TIMING = ('tokens_per_s', 'mfu')  # wall-clock fields: the only ones allowed to differ between two runs
 
 # `python -c TRAIN preset overrides-json run_dir`: what a user runs, as a separate process
 TRAIN = """
 import json, sys
-from looped_lm.config import load_preset
-from looped_lm.train import train
+from looped_lm.core.config import load_preset
+from looped_lm.training.train import train
 train(load_preset(sys.argv[1], **json.loads(sys.argv[2])), sys.argv[3], progress=False)
 """
 
@@ -71,7 +71,7 @@ def assert_same_run(a, b):
 
 def inject_nan(monkeypatch, step, loop, when=lambda model: True):
     "Make loop `loop` of training step `step` (1-based) of models matching `when` put a NaN into one entry."
-    from looped_lm.model import LoopedLM
+    from looped_lm.model.looped import LoopedLM
 
     real = LoopedLM.loop
 

@@ -73,7 +73,7 @@ def test_env():
 @pytest.fixture(scope='session')
 def smoke_data(test_env):
     "The smoke preset's token data, built once per session in the session's cache (the test is marked `corpus`)."
-    from looped_lm.config import load_preset
-    from looped_lm.data import prepare_data
+    from looped_lm.core.config import load_preset
+    from looped_lm.training.data import prepare_data
 
     return prepare_data(load_preset('smoke'), verbose=False)

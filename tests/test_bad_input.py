@@ -5,15 +5,16 @@ import configparser, contextlib, errno, os, re, shutil, socket, subprocess, sys
 from pathlib import Path
 from unittest import mock
 import numpy as np, pytest, torch
-from looped_lm.ablation import check_params, run_ablation
-from looped_lm.config import ConfigError, load_preset, settings_path
-import looped_lm.corpus as D
-from looped_lm.data import DataNotFoundError, prepare_data, tokenizer_path
-from looped_lm.model import LoopedLM, LoopedLMConfig
-from looped_lm.train import train
-from looped_lm.rundir import load_run
-from looped_lm.run_records import run_status, RunDirError
-from looped_lm.checkpoints import load_checkpoint, latest_checkpoint
+from looped_lm.studies.ablation import check_params, run_ablation
+from looped_lm.core.config import ConfigError, load_preset, settings_path
+import looped_lm.training.text as D  # the corpus reader: its Hub probe is patched
+from looped_lm.training.data import prepare_data, tokenizer_path
+from looped_lm.training.text import DataNotFoundError
+from looped_lm.model.looped import LoopedLM, LoopedLMConfig
+from looped_lm.training.train import train
+from looped_lm.training.rundir import load_run
+from looped_lm.training.rundir import run_status, RunDirError
+from looped_lm.training.rundir import load_checkpoint, latest_checkpoint
 from conftest import REPO
 
 
@@ -122,7 +123,8 @@ def test_bad_ablation_parameters(tmp_path):
         (dict(variants=[]), 'selects no variant'),
         (dict(device='tpu'), "device must be one of 'auto', 'cpu', 'cuda'"),
     ]:
-        with mock.patch('looped_lm.ablation.prepare_data', side_effect=AssertionError('read data before checking')):
+        with mock.patch('looped_lm.training.data.prepare_data',
+                        side_effect=AssertionError('read data before checking')):
             with pytest.raises(ConfigError, match=says):
                 run_ablation('smoke', out_dir=out, **kw)
     assert not out.exists()  # refused before any folder was created

@@ -23,7 +23,7 @@ ROWS = [  # rare words become <unk>; 'ō', '東京', 'é' match no regex token (
 @pytest.fixture
 def tiny(tmp_path):
     "A local copy `tmp_path/copy/tiny/{train,validation,test}.txt` and a recipe for `tokenizer` on it."
-    from looped_lm.config import load_preset
+    from looped_lm.core.config import load_preset
 
     for s in ('train', 'validation', 'test'):
         (tmp_path / 'copy' / 'tiny').mkdir(parents=True, exist_ok=True)
@@ -35,15 +35,16 @@ def tiny(tmp_path):
 
 def source_text(td, s, join):
     "The text the split's `n_bytes` counts: its non-blank rows joined by `join`."
-    from looped_lm.corpus import iter_rows, load_corpus
+    from looped_lm.training.text import iter_rows, load_corpus
 
     return join.join(r for r in iter_rows(load_corpus('tiny', td.cache_dir.parents[1] / 'copy', verbose=False)[s]) if r)
 
 
 def test_regex_counts_the_decodable_bytes(tiny, tmp_path):
     "Regex: n_bytes_decoded = bytes of decode(ids) = source bytes less those under <unk> and those no token matches."
-    from looped_lm.data import SPLITS, prepare_data
-    from looped_lm.tokenizer import REGEX_JOIN
+    from looped_lm.training.data import prepare_data
+    from looped_lm.training.text import SPLITS
+    from looped_lm.training.text import REGEX_JOIN
 
     td = prepare_data(tiny('regex', 16), data_dir=tmp_path / 'copy', cache_dir=tmp_path / 'cache', verbose=False)
     tok = td.tokenizer
@@ -62,7 +63,8 @@ def test_regex_counts_the_decodable_bytes(tiny, tmp_path):
 
 def test_bpe_gives_back_every_byte(tiny, tmp_path):
     "Byte-level BPE: every source byte comes back, so n_bytes_decoded == n_bytes (the EOTs add none)."
-    from looped_lm.data import SPLITS, prepare_data
+    from looped_lm.training.data import prepare_data
+    from looped_lm.training.text import SPLITS
 
     td = prepare_data(tiny('bpe', 300), data_dir=tmp_path / 'copy', cache_dir=tmp_path / 'cache', verbose=False)
     for s in SPLITS:
@@ -73,7 +75,7 @@ def test_bpe_gives_back_every_byte(tiny, tmp_path):
 
 def test_sidecar_without_the_count_is_read_not_rebuilt(tiny, tmp_path):
     "A sidecar written before n_bytes_decoded existed stays a cache hit; the count comes from the cached ids."
-    from looped_lm.data import prepare_data
+    from looped_lm.training.data import prepare_data
 
     cfg = tiny('regex', 16)
     kw = dict(data_dir=tmp_path / 'copy', cache_dir=tmp_path / 'cache', verbose=False)

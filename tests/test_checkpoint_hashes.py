@@ -12,12 +12,12 @@ previous checkpoint still loads.
 import hashlib, json, shutil, subprocess, sys, warnings
 from pathlib import Path
 import pytest, torch
-from looped_lm.config import load_preset
-from looped_lm.diagnostics import diagnose_run
-from looped_lm.train import train
-from looped_lm.rundir import load_run
-from looped_lm.run_records import RunDirError, run_status
-from looped_lm.checkpoints import DamagedCheckpointError, latest_checkpoint, verify_checkpoint
+from looped_lm.core.config import load_preset
+from looped_lm.measure.diagnostics import diagnose_run
+from looped_lm.training.train import train
+from looped_lm.training.rundir import load_run
+from looped_lm.training.rundir import RunDirError, run_status
+from looped_lm.training.rundir import DamagedCheckpointError, latest_checkpoint, verify_checkpoint
 
 pytestmark = pytest.mark.corpus  # the runs train on the smoke preset's WikiText-2 tokens
 CFG = load_preset('smoke', ckpt_every=10)
@@ -128,8 +128,8 @@ def test_an_old_checkpoint_is_hashed_once_then_checked(run, smoke_data):
 # `python -c LIMITED run_dir limit`: train on, with files larger than `limit` bytes refused by the kernel (EFBIG)
 LIMITED = """
 import resource, signal, sys
-from looped_lm.config import load_preset
-from looped_lm.cli import train_cli
+from looped_lm.core.config import load_preset
+from looped_lm.training.train import train_cli
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing us
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
 train_cli(['smoke', sys.argv[1], '--set', 'ckpt_every=10'])

@@ -5,27 +5,19 @@ the study) second. Each claim fails when one member of its group fails it, in th
 visibility lemma quantitatively (median per-token measured/exact, from diagnostics v5; older records: not measured),
 C4 is one claim per clamp mode, C5 is split into scale and tail shape (with the diagnostics' own heavy-tail cut), C7
 is the halting claim. Every table and claim is rebuilt byte-identical from the per-run records `runs.jsonl` alone.
-All on synthetic records built by the fixtures' `synthetic_study` (05d): no training.
+All on synthetic records built by the fixtures' `synthetic_study` (04b_tables): no training.
 """
 
 import json
 import shutil
 import pytest
-from looped_lm.variants import GROUPS
-from looped_lm.tables import read_run_records, run_record, table1, write_tables
-from looped_lm.claims import (
-    CLAIMS,
-    MARGINS,
-    claims,
-    claims_markdown,
-    measures,
-    rebuild,
-    unaligned_cos,
-    write_claims,
-)
-from looped_lm.fixtures import synthetic_study
-from looped_lm.diagnostics import HEAVY_TAIL_HILL
-from looped_lm.reports import radial_scale_of
+from looped_lm.studies.variants import GROUPS
+from looped_lm.studies.tables import read_run_records, run_record, table1, write_tables
+from looped_lm.studies.claims import CLAIMS, MARGINS, claims, claims_markdown, measures, rebuild, write_claims
+from looped_lm.measure.radial import unaligned_cos
+from looped_lm.studies.tables import synthetic_study
+from looped_lm.measure.diagnostics import HEAVY_TAIL_HILL
+from looped_lm.measure.diagnostics import radial_scale_of
 
 FIELDS = [
     'title',
@@ -72,7 +64,8 @@ def test_layout_primary_first_then_extension():
         ('C4a', 'perloop-rmsnorm', dict(clamp_ratio={'freeze_loop1': 1.05}), ('primary', 'extension')),
         ('C4b', 'layernorm', dict(clamp_ratio={'remove_radial': 0.9}), ('extension',)),
         ('C5a', 'perloop-raw', dict(median=5e3), ('primary', 'extension')),  # a control's typical token is large
-        ('C5b', 'terminal-rmsnorm', dict(hill=HEAVY_TAIL_HILL + 1), ('primary', 'extension')),  # light by 04's cut
+        # light by the diagnostics' cut
+        ('C5b', 'terminal-rmsnorm', dict(hill=HEAVY_TAIL_HILL + 1), ('primary', 'extension')),
         ('C6', 'perloop-raw', dict(ppl=(60, 60, 60, 60), radial=0.1), ('primary', 'extension')),
         ('C7', 'perloop-penalty', dict(halt_loops=1.4), ('primary', 'extension')),  # a control halts as early
     ],

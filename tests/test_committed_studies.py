@@ -19,7 +19,7 @@ def test_the_default_study_has_records():
 
 @pytest.mark.parametrize('study', WITH_RECORDS)
 def test_tables_and_claims_rebuild_from_the_committed_records(study, tmp_path):
-    from looped_lm.claims import rebuild
+    from looped_lm.studies.claims import rebuild
 
     src = FIGURES / study
     for name in ('runs.jsonl', 'throughput.json'):
@@ -45,8 +45,8 @@ DEPTH_STUDIES = sorted(p.parent.name for p in FIGURES.glob('depth-*/rules.json')
 
 @pytest.mark.parametrize('study', DEPTH_STUDIES)
 def test_depth_rules_and_tables_rebuild_from_the_committed_records(study, tmp_path):
-    "A depth study (nbs/09_depth) rebuilds its rows, rules R0-R6 and claims from `records/` alone, byte-identical."
-    from looped_lm.depth import rebuild_depth
+    "A depth study (nbs/06d_depth) rebuilds its rows, rules R0-R6 and claims from `records/` alone, byte-identical."
+    from looped_lm.extensions.depth import rebuild_depth
 
     src, dst = FIGURES / study, tmp_path / study
     shutil.copytree(src / 'records', dst / 'records')
@@ -63,7 +63,7 @@ def test_depth_records_hold_every_run_at_both_steps():
     "The pre-registered design (figures/depth-cpu/README.md): 2 arms x 8 variants x seeds 1-3, steps 800 and 1,000."
     if not (FIGURES / 'depth-cpu' / 'rules.json').exists():
         pytest.skip('the depth study has not been published yet')
-    from looped_lm.depth import read_depth_records, DEPTH_VARIANTS
+    from looped_lm.extensions.depth import read_depth_records, DEPTH_VARIANTS
 
     have = {(r['arm'], r['variant'], r['seed'], r['step']) for r in read_depth_records(FIGURES / 'depth-cpu')}
     want = {(a, v, s, t) for a in ('L2', 'L1') for v in DEPTH_VARIANTS for s in (1, 2, 3) for t in (800, 1000)}

@@ -8,13 +8,13 @@ import errno, json, math, os, signal, socket, subprocess, sys, textwrap, time
 from pathlib import Path
 import numpy as np, pytest, torch
 
-import looped_lm.files as F
-from looped_lm.config import load_preset
-from looped_lm.batches import bits_per_byte, window_batch, window_starts, word_perplexity
-from looped_lm.corpus import DataNotFoundError
-from looped_lm.data import prepare_data
-from looped_lm.files import LockedError, WriteError, dir_lock, sweep_stale_tmp, write_atomic
-from looped_lm.tokenizer import RegexTokenizer
+import looped_lm.core.files as F
+from looped_lm.core.config import load_preset
+from looped_lm.training.data import bits_per_byte, window_batch, window_starts, word_perplexity
+from looped_lm.training.text import DataNotFoundError
+from looped_lm.training.data import prepare_data
+from looped_lm.core.files import LockedError, WriteError, dir_lock, sweep_stale_tmp, write_atomic
+from looped_lm.training.text import RegexTokenizer
 
 SPLITS = ('train', 'validation', 'test')
 WORDS = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu'.split()
@@ -92,8 +92,8 @@ def test_custom_corpus_needs_a_local_copy(tmp_path, monkeypatch):
 
 PREPARE = textwrap.dedent("""
     import json, sys
-    from looped_lm.config import load_preset
-    from looped_lm.data import prepare_data
+    from looped_lm.core.config import load_preset
+    from looped_lm.training.data import prepare_data
     cfg = load_preset('smoke').replace(
         corpus='tiny', tokenizer=sys.argv[3], vocab_size=300 if sys.argv[3] == 'bpe' else 40, max_train_lines=0
     )
@@ -202,8 +202,8 @@ def test_write_atomic_in_a_read_only_folder_is_a_write_error(tmp_path, monkeypat
 
 def test_diagnose_run_in_a_read_only_run_folder_is_a_write_error(tmp_path, smoke_data, monkeypatch):
     "Diagnostics computed, then written to a read-only run folder: the WriteError, not a raw OSError about a .tmp file."
-    from looped_lm.diagnostics import diagnose_run
-    from looped_lm.train import train
+    from looped_lm.measure.diagnostics import diagnose_run
+    from looped_lm.training.train import train
 
     rd = tmp_path / 'run'
     train(load_preset('smoke', train_tokens=2560), rd, data=smoke_data, progress=False)  # 10 steps
@@ -258,7 +258,7 @@ def test_prepare_data_sweeps_a_killed_tokenization(tmp_path):
 # ---- item 2: one writer per folder, proven with two real processes ---------------------------------------------
 
 HOLD = (
-    "import sys, time; from looped_lm.files import dir_lock\n"
+    "import sys, time; from looped_lm.core.files import dir_lock\n"
     "with dir_lock(sys.argv[1], 'run'):\n print('held', flush=True); time.sleep(float(sys.argv[2]))"
 )
 
@@ -341,7 +341,7 @@ def test_window_batch_epochs_and_determinism():
     assert sorted(seen[:n]) == starts.tolist() and sorted(seen[n : 2 * n]) == starts.tolist()
     a = window_batch(toy, B, 256, 128, 42, 7)
     code = (
-        "import numpy as np, torch; from looped_lm.batches import window_batch\n"
+        "import numpy as np, torch; from looped_lm.training.data import window_batch\n"
         "x, y = window_batch(np.arange(5000, dtype=np.uint16), 5, 256, 128, 42, 7); print(x[:, 0].tolist())"
     )
     other = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
@@ -356,10 +356,3 @@ def test_bits_per_byte_and_word_ppl_by_hand():
     with pytest.raises(ValueError, match='at least one byte'):
         bits_per_byte(1.0, 0)
 
-
-def test_the_file_tools_are_still_importable_from_data():
-    "They moved to `looped_lm.files`; `looped_lm.data` still names each of them, for the code that imports them there."
-    import looped_lm.data as D
-
-    for name in F.__all__:
-        assert getattr(D, name) is getattr(F, name), name

@@ -55,8 +55,8 @@ def _ddp(run_dir, tmp_path, nproc=2, **ov):
 def test_two_ranks_train_like_one_process(smoke_data, tmp_path):
     import torch
     from safetensors.torch import load_file
-    from looped_lm.run_records import read_metrics, run_status
-    from looped_lm.checkpoints import latest_checkpoint
+    from looped_lm.training.rundir import read_metrics, run_status
+    from looped_lm.training.rundir import latest_checkpoint
 
     one, two = tmp_path / 'one', tmp_path / 'two'
     p = _single(one, tmp_path)
@@ -103,9 +103,9 @@ def test_batch_that_does_not_split_is_refused(smoke_data, tmp_path):
 
 
 if __name__ == '__main__':  # the training script of both runs
-    from looped_lm.config import load_preset
-    from looped_lm.train import train
-    from looped_lm.devices import world
+    from looped_lm.core.config import load_preset
+    from looped_lm.training.train import train
+    from looped_lm.training.train import world
     import torch.distributed as dist
 
     run_dir, ov = Path(sys.argv[1]), json.loads(sys.argv[2])

@@ -7,13 +7,13 @@ range are reported by a warning while everything is still finite; norms that ove
 """
 
 import pytest, torch
-import looped_lm.train as T
-import looped_lm.objective as O
-from looped_lm.config import load_preset
-from looped_lm.model import LoopedLM
-from looped_lm.train import train, TrainingError
-from looped_lm.run_records import read_metrics, run_status
-from looped_lm.checkpoints import latest_checkpoint
+import looped_lm.training.train as T
+import looped_lm.training.train as O
+from looped_lm.core.config import load_preset
+from looped_lm.model.looped import LoopedLM
+from looped_lm.training.train import train, TrainingError
+from looped_lm.training.rundir import read_metrics, run_status
+from looped_lm.training.rundir import latest_checkpoint
 from _util import weights, inject_nan
 
 pytestmark = pytest.mark.corpus  # every test trains on the smoke preset's WikiText-2 tokens

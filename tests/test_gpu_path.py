@@ -12,10 +12,10 @@ import json, shutil, subprocess, warnings
 from pathlib import Path
 from types import SimpleNamespace
 import numpy as np, pytest, torch
-from looped_lm.config import load_preset, list_presets
-from looped_lm.readout_ce import linear_ce
-from looped_lm.train import train, start_run, train_step, log_step
-from looped_lm.run_records import read_metrics
+from looped_lm.core.config import load_preset, list_presets
+from looped_lm.model.looped import linear_ce
+from looped_lm.training.train import train, start_run, train_step, log_step
+from looped_lm.training.rundir import read_metrics
 
 BF16_TOL = 0.05  # nats: bf16 autocast vs float32, at every logged step of the smoke run (CE about 6.2 -> 4.5)
 

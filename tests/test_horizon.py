@@ -1,5 +1,5 @@
-"""The horizon study (nbs/08_horizon.ipynb; its clock, grids and plans in nbs/08b_horizon_grid.ipynb), the three
-analyses on synthetic tables whose answer is known (nbs/08a_horizon_analysis.ipynb), the record file, and the tiny
+"""The horizon study (nbs/06c_horizon.ipynb; its clock, grids and plans in nbs/06c_horizon.ipynb), the three
+analyses on synthetic tables whose answer is known (nbs/06c_horizon.ipynb), the record file, and the tiny
 grid end to end.
 
 The tiny grid trains 8 runs of 32 steps in segments to log-spaced checkpoints, keeps and measures each; segmented
@@ -10,31 +10,16 @@ checkpoint is measured again, never read; a step passed without a kept copy is s
 import json, math
 import numpy as np, pandas as pd
 import pytest
-from looped_lm.config import ConfigError, load_preset
-from looped_lm.train import train
-from looped_lm.checkpoints import latest_checkpoint
-from looped_lm.variants import AT_RISK
-from looped_lm.horizon import (
-    HORIZON_GRIDS,
-    RECORDS,
-    _check_arms,
-    cached_record,
-    check_horizon,
-    checkpoint_steps,
-    clock_of,
-    horizon_key,
-    put_record,
-    read_records,
-    run_horizon,
+from looped_lm.core.config import ConfigError, load_preset
+from looped_lm.training.train import train
+from looped_lm.training.rundir import latest_checkpoint
+from looped_lm.studies.variants import AT_RISK
+from looped_lm.extensions.horizon import (
+    HORIZON_GRIDS, RECORDS, _check_arms, cached_record, check_horizon, checkpoint_steps, clock_of, horizon_key,
+    put_record, read_records, run_horizon
 )
-from looped_lm.horizon_analysis import (
-    CLOCKS,
-    PAPER_CLOCK,
-    PAPER_DRIFT_RMS,
-    collapse_test,
-    dose_response,
-    drift_law,
-    synthetic_horizon,
+from looped_lm.extensions.horizon import (
+    CLOCKS, PAPER_CLOCK, PAPER_DRIFT_RMS, collapse_test, dose_response, drift_law, synthetic_horizon
 )
 
 

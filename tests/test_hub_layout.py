@@ -89,7 +89,7 @@ def hub_home(tmp_path, monkeypatch):
 
 def test_snapshot_alone_is_not_enough_offline(hub_home):
     "With only the Hub snapshot cached, offline loading is a DataNotFoundError that names the fix (datasets 5.x)."
-    from looped_lm.corpus import DataNotFoundError, load_corpus
+    from looped_lm.training.text import DataNotFoundError, load_corpus
 
     with pytest.raises(DataNotFoundError, match='LOOPED_LM_DATA') as e:
         load_corpus(CONFIG, verbose=False)
@@ -98,7 +98,7 @@ def test_snapshot_alone_is_not_enough_offline(hub_home):
 
 def test_hub_cache_loads_offline_in_order(hub_home, tmp_path):
     "`load_corpus` reads the prepared Hub cache offline: every split, every row in order, blank rows kept."
-    from looped_lm.corpus import SPLITS, iter_rows, load_corpus
+    from looped_lm.training.text import SPLITS, iter_rows, load_corpus
 
     prepare_datasets_cache(hub_home, tmp_path / 'build')
     ds = load_corpus(CONFIG, verbose=False)
@@ -112,8 +112,9 @@ def test_hub_cache_loads_offline_in_order(hub_home, tmp_path):
 
 def test_prepare_data_tokenizes_the_hub_copy(hub_home, tmp_path):
     "`prepare_data` on the smoke recipe with corpus wikitext-103-raw-v1 tokenizes the Hub copy, then reads its cache."
-    from looped_lm.config import load_preset
-    from looped_lm.data import SPLITS, prepare_data
+    from looped_lm.core.config import load_preset
+    from looped_lm.training.data import prepare_data
+    from looped_lm.training.text import SPLITS
 
     prepare_datasets_cache(hub_home, tmp_path / 'build')
     cfg = load_preset('smoke', corpus=CONFIG)

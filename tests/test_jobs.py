@@ -1,4 +1,4 @@
-"""The study's fan-out through submitit (`looped_lm.jobs`).
+"""The study's fan-out through submitit (`looped_lm.studies.runner`).
 
 - the plan of the paper-exact study (2 presets x 7 official conditions x 3 seeds = 42 runs) prints without a GPU,
   from the throughput measured in benchmarks/results/gpu.json; a plan knows done, paused and new runs;
@@ -16,14 +16,14 @@ import re, shutil
 from pathlib import Path
 from unittest import mock
 import pytest
-import looped_lm.jobs as J
-import looped_lm.ablation as A
-from looped_lm.variants import VARIANTS, GROUPS
-from looped_lm.ablation import run_dir_of, _run_one, run_ablation, study_key
-from looped_lm.config import ConfigError, load_preset
-from looped_lm.train import train
-from looped_lm.run_records import run_status
-from looped_lm.checkpoints import latest_checkpoint
+import looped_lm.studies.runner as J
+import looped_lm.studies.ablation as A
+from looped_lm.studies.variants import VARIANTS, GROUPS
+from looped_lm.studies.ablation import run_dir_of, _run_one, run_ablation, study_key
+from looped_lm.core.config import ConfigError, load_preset
+from looped_lm.training.train import train
+from looped_lm.training.rundir import run_status
+from looped_lm.training.rundir import latest_checkpoint
 from _util import assert_same_run
 
 SMOKE = load_preset('smoke')

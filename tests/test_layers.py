@@ -1,139 +1,142 @@
-"""The package imports one way: every module sits in a declared layer and imports only modules of its own layer or
-below, with no cycle — function-level (lazy) imports included, since they hide a cycle rather than remove it.
+"""The book's order is the package's dependency order. `looped_lm/` is a few parts (subpackages), each a group of
+chapters; every chapter exports one module (or none: `05_ablation` is the experiment, run by papermill), and a chapter
+or module uses only what a reader has met before it — function-level imports included, since they hide a cycle rather
+than remove it. No cycle, nothing upward, nothing forward.
 
-A new module must be placed in `LAYERS` (lowest first) before this test passes. Select one module's checks with
-`pytest tests/test_layers.py -k model` (the parameters are module names)."""
+A new module gets its chapter in `CHAPTERS` (in reading order) before this test passes. Select one chapter's checks
+with `pytest tests/test_layers.py -k diagnostics`."""
 
-import ast
+import ast, json, re
 from pathlib import Path
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / 'looped_lm'
-SKIP = ('_modidx',)  # nbdev's generated index: no imports of the package
+ROOT = Path(__file__).resolve().parents[1]
+PKG, NBS = ROOT / 'looped_lm', ROOT / 'nbs'
 
-# lowest first; a module may import its own layer and the layers before it (modules listed here may not exist yet)
-LAYERS = [
-    ['formats'],  # how a number is written (00b): the report, table and reading styles; imports no package module
-    ['config', 'lemmas'],
-    ['variants'],  # the ablation's variants (04b): named sets of config options; the seeds/variants parameters
-    ['readout_ce'],  # the chunked readout cross-entropy (01a), below the model that reads out with it
-    ['decoding', 'hub_folder'],  # generate and its KV cache (01c); a saved folder's card and checks (01d); no model
-    ['model'],
-    ['transformers_io'],  # the model as `transformers` classes (10): imports no package module (its folder code)
-    ['files'],  # atomic writes, locks, content hashes (01b)
-    ['tokenizer'],  # text to ids and back (02a): the BPE and the official regex tokenizer; writes with files
-    ['corpus'],  # a corpus's text: the local copy or the Hub, its rows and article starts (01e), below data
-    ['data'],
-    ['batches'],  # training and evaluation windows of the ids, bits per byte (02e); imports no package module
-    ['devices'],  # the device, bf16 autocast and the ranks of a DDP run (02c); imports config only
-    ['objective'],  # the training objective, AdamW, the lr schedule and the training batch (02d), over data
-    ['run_records'],  # a run folder's status and metrics records and read_json (02f), below its checkpoints
-    ['checkpoints'],  # save, verify (hashes), find and load a run's checkpoints, restore_config (02g), below rundir
-    ['rundir'],  # a run folder's lock, its config and data identity, load_run (02b); re-exports 02f and 02g's names
-    ['progress'],  # the progress line and the divergence guard (03e), below the trainer that owns them
-    ['train'],
-    ['cli'],  # the `looped-lm-train` command (03d), above the trainer it runs
-    ['protocol'],
-    ['spec_checks'],  # the trust checks of a loop spec and the guard of every diagnostic (03b)
-    ['hooks'],  # from_hooks: a spec read out of an outside model through forward hooks (03c)
-    ['halting'],  # calibrated adaptive halting (04c), below the diagnostics that report it
-    ['radial'],  # float64 radial fractions beside the lemma, angular updates and the 1/s law (04e), below diagnostics
-    ['reports'],  # a diagnostics report, its tables and its cache (04d), below the diagnostics that measure it
-    ['diagnostics'],
-    ['tables'],  # a study's tables and per-run records (05b), read from diagnostics reports
-    ['claims'],  # the pre-registered claims (05c), over the same records
-    ['fixtures'],  # made-up finished runs for checks and tests (05d), over the claims' clamp modes
-    ['hub'],
-    ['lm_eval_io'],  # a run as a `transformers` folder, the lm-evaluation-harness task and comparison (10a)
-    ['gpu_bench'],  # the H200 benchmark's training speeds (05g), which the jobs' plan costs runs with
-    ['jobs'],  # one job per run (submitit), below the studies that submit them
-    ['runner'],  # the studies' shared runner (05e): workers, locks, the __main__ guard, where results go
-    ['growth'],  # power-law fits of the drift and their intervals (07b), shared by the scaling and horizon studies
-    ['horizon_analysis'],  # the horizon table's three analyses (08a), below the horizon study that writes the table
-    ['scaling_grid'],  # the scaling grid (07c): axes, points, named grids, their cost, Job and Plan; no study
-    ['scaling_measure', 'horizon_grid'],  # a scaling run's light measurement (07d); the horizon grid and plan (08b)
-    ['ablation', 'scaling', 'horizon'],  # studies
-    ['depth'],  # the depth study (09): a dose of drift, a cooldown, a one-layer arm; reuses the horizon's kept folders
-    ['results'],  # a study read back from its folder and the figures' shared pieces (05f), below the figures
-    ['figures', 'scaling_figures'],  # figures from results folders (the scaling grid's from 07a)
+# the parts, in reading order, and what a reader finds in each
+PARTS = {
+    'core': 'presets and the number formats; atomic files, locks and hashes',
+    'model': 'the looped model, generation and saved folders; the two lemmas, checked on it',
+    'training': 'the corpus and tokenizers, token data, run folders and checkpoints, the trainer',
+    'measure': 'the loop spec of any looped model, halting, radial fractions, the diagnostics',
+    'studies': "variants, the runner and its jobs, tables, claims, the ablation's machinery, figures",
+    'extensions': 'our studies beyond the paper: growth laws, scaling, horizon, depth',
+    'interop': 'the model outside the repository: run folders as models, transformers, lm-evaluation-harness',
+}
+# (chapter, module it exports or None), in reading order; a chapter's number is its part's (00 = core, ...), except
+# `05_ablation`, the users' main command, which keeps its path and reads the studies part's results
+CHAPTERS = [
+    ('00_config', 'core.config'), ('00a_files', 'core.files'),
+    ('01_model', 'model.looped'), ('01a_lemmas', 'model.lemmas'),
+    ('02_text', 'training.text'), ('02a_data', 'training.data'), ('02b_rundir', 'training.rundir'),
+    ('02c_train', 'training.train'),
+    ('03_protocol', 'measure.protocol'), ('03a_halting', 'measure.halting'), ('03b_radial', 'measure.radial'),
+    ('03c_diagnostics', 'measure.diagnostics'),
+    ('04_variants', 'studies.variants'), ('04a_runner', 'studies.runner'), ('04b_tables', 'studies.tables'),
+    ('04c_claims', 'studies.claims'), ('04d_ablation', 'studies.ablation'), ('04e_figures', 'studies.figures'),
+    ('05_ablation', None),
+    ('06_growth', 'extensions.growth'), ('06a_scaling', 'extensions.scaling'), ('06c_horizon', 'extensions.horizon'),
+    ('06d_depth', 'extensions.depth'),
+    ('07_hub', 'interop.hub'), ('07a_transformers', 'interop.transformers_io'), ('07b_lm_eval', 'interop.lm_eval'),
 ]
-LAYER = {m: i for i, layer in enumerate(LAYERS) for m in layer}
+ORDER = {m: i for i, (_, m) in enumerate(CHAPTERS) if m}
+PLACE = {nb: i for i, (nb, _) in enumerate(CHAPTERS)}
 
 
-def imported(node, package: str = PKG.name) -> list:
-    "Package modules an import names: `from .x`, `from . import x`, `from pkg.x`, `from pkg import x`, `import pkg.x`."
+def modules(pkg: Path = PKG) -> list:
+    "Every module of the package as `part.module` (the parts' `__init__` files and nbdev's index left out)."
+    found = [p.relative_to(pkg).with_suffix('').parts for p in pkg.glob('*/*.py') if p.stem != '__init__']
+    return sorted('.'.join(parts) for parts in found)
+
+
+def imported(node, package: str = PKG.name, here: str = '') -> list:
+    "Package modules an import names (`part.module`): absolute or relative, top level or inside a function."
     if isinstance(node, ast.ImportFrom):
-        if node.level >= 1:
-            return [node.module.split('.')[0]] if node.module else [a.name for a in node.names]
-        if node.module and node.module.startswith(package + '.'):
-            return [node.module.split('.')[1]]
-        if node.module == package:
+        if node.level:
+            base = here.split('.')[: max(0, len(here.split('.')) - node.level)]
+            mod = '.'.join([*base, *(node.module.split('.') if node.module else [])])
+        elif node.module and (node.module == package or node.module.startswith(package + '.')):
+            mod = node.module[len(package) + 1:]
+        else:
+            return []
+        if not mod:
             return [a.name for a in node.names]
+        return [f'{mod}.{a.name}' if '.' not in mod else mod for a in node.names]
     if isinstance(node, ast.Import):
-        return [a.name.split('.')[1] for a in node.names if a.name.startswith(package + '.')]
+        return [a.name[len(package) + 1:] for a in node.names if a.name.startswith(package + '.')]
     return []
 
 
-def import_graph(pkg: Path = PKG) -> dict:
-    "{module: [(imported module, line), ...]} over every import of each module, top-level and inside functions."
-    mods = sorted(p.stem for p in pkg.glob('*.py') if p.stem not in SKIP)
-    graph = {}
-    for m in mods:
-        tree = ast.parse((pkg / f'{m}.py').read_text(), filename=f'{m}.py')
-        graph[m] = sorted({(t, n.lineno) for n in ast.walk(tree) for t in imported(n) if t != m and t in mods})
-    return graph
+def module_imports(module: str) -> list:
+    "[(imported module, line)] over every import of `module`."
+    tree = ast.parse((PKG / (module.replace('.', '/') + '.py')).read_text())
+    return sorted({(t, n.lineno) for n in ast.walk(tree) for t in imported(n, here=module) if t != module})
 
 
-GRAPH = import_graph()
-MODULES = [m for m in GRAPH if m != '__init__']
+def chapter_imports(nb: str) -> list:
+    "[(imported module, cell)] over every code cell of chapter `nb`, checks and prose code included."
+    cells = json.loads((NBS / f'{nb}.ipynb').read_text())['cells']
+    found = set()
+    for i, c in enumerate(cells):
+        if c['cell_type'] != 'code':
+            continue
+        src = '\n'.join(line for line in ''.join(c['source']).splitlines() if not line.lstrip().startswith(('%', '!')))
+        for n in ast.walk(ast.parse(src)):
+            found.update((t, i) for t in imported(n))
+    return sorted(found)
 
 
-def cycles_through(module: str, graph: dict = GRAPH) -> list:
-    "Every import path that leaves `module` and comes back to it (each as `a -> b -> ... -> module`)."
-    found, stack = [], [(module, [module])]
-    while stack:
-        m, path = stack.pop()
-        for t, _ in graph.get(m, []):
-            if t == module:
-                found.append(' -> '.join(path + [t]))
-            elif t not in path:
-                stack.append((t, path + [t]))
-    return sorted(set(found))
+def test_the_import_reader_sees_every_kind_of_import():
+    src = 'from .b import x\nfrom ..c.d import y\nfrom looped_lm.e.f import z\n'
+    src += 'from looped_lm.g import h\nimport looped_lm.i.j\n'
+    src += 'import os\ndef f():\n    from looped_lm.k.l import w\n'
+    found = [t for n in ast.walk(ast.parse(src)) for t in imported(n, here='a.m')]
+    assert found == ['a.b', 'c.d', 'e.f', 'g.h', 'i.j', 'k.l']
 
 
-def test_the_graph_sees_every_kind_of_import():
-    src = 'from .a import x\nfrom . import b\nfrom looped_lm.c import y\nfrom looped_lm import d\nimport looped_lm.e\n'
-    src += 'import os\nfrom pathlib import Path\ndef f():\n    from looped_lm.g import z\n'
-    assert [t for n in ast.walk(ast.parse(src)) for t in imported(n)] == ['a', 'b', 'c', 'd', 'e', 'g']
-    assert cycles_through('a', {'a': [('b', 1)], 'b': [('c', 2)], 'c': [('a', 3)]}) == ['a -> b -> c -> a']
-    assert cycles_through('a', {'a': [('b', 1)], 'b': [('c', 2)], 'c': []}) == []
+def test_the_parts_are_the_folders():
+    folders = sorted(p.name for p in PKG.iterdir() if p.is_dir() and p.name != '__pycache__')
+    assert folders == sorted(PARTS), f"looped_lm/ holds {folders}; PARTS declares {sorted(PARTS)}"
+    assert not [p.name for p in PKG.glob('*.py') if p.stem not in ('__init__', '_modidx')], 'a module outside the parts'
+    seq = [list(PARTS).index(m.split('.')[0]) for m in ORDER]
+    assert seq == sorted(seq), 'the chapters of a part come together, parts in their order'
 
 
-def test_the_package_file_imports_no_module():
-    "Importing any module runs `__init__.py` first: an import there would load modules above the one asked for."
-    assert GRAPH.get('__init__', []) == [], GRAPH['__init__']
+def test_every_module_has_its_chapter_and_every_chapter_is_listed():
+    assert sorted(ORDER) == modules(), 'a module without its chapter in CHAPTERS, or a chapter without its module'
+    chapters = sorted(p.stem for p in NBS.glob('*.ipynb') if p.stem != 'index')
+    assert chapters == [nb for nb, _ in CHAPTERS], "the chapters' names sort in reading order, each one listed once"
+    for nb, mod in CHAPTERS:
+        src = (NBS / f'{nb}.ipynb').read_text()
+        found = re.findall(r'#\| default_exp (\S+?)\\n|#\| default_exp (\S+?)"', src)
+        assert [a or b for a, b in found] == ([mod] if mod else []), f'{nb} exports {found}, declared {mod}'
 
 
-@pytest.mark.parametrize('module', MODULES)
-def test_module_is_placed(module):
-    assert module in LAYER, f"looped_lm/{module}.py is in no layer: add it to LAYERS in tests/test_layers.py"
+@pytest.mark.parametrize('module', sorted(ORDER, key=ORDER.get))
+def test_a_module_imports_only_what_comes_before_it(module):
+    bad = [f"looped_lm/{module.replace('.', '/')}.py:{line} imports {t}, which comes later (or is unknown)"
+           for t, line in module_imports(module) if ORDER.get(t, len(ORDER)) > ORDER[module]]
+    assert not bad, 'forward import(s): move the code or the import down\n' + '\n'.join(bad)
 
 
-@pytest.mark.parametrize('module', MODULES)
-def test_imports_go_down(module):
-    if module not in LAYER:
-        pytest.skip('not placed (test_module_is_placed fails)')
-    up = [
-        f"looped_lm/{module}.py:{line} imports {t} (layer {LAYER[t]} {LAYERS[LAYER[t]]}) from layer {LAYER[module]}"
-        for t, line in GRAPH[module]
-        if LAYER.get(t, -1) > LAYER[module]
-    ]
-    assert not up, 'upward import(s): move the code or the import down\n' + '\n'.join(up)
+@pytest.mark.parametrize('nb', [nb for nb, _ in CHAPTERS])
+def test_a_chapter_uses_only_what_a_reader_has_met(nb):
+    place = {m: PLACE[c] for c, m in CHAPTERS if m}
+    bad = [f"nbs/{nb}.ipynb cell {i} imports {t}, from a later chapter (or no chapter)"
+           for t, i in chapter_imports(nb) if place.get(t, len(CHAPTERS)) > PLACE[nb]]
+    assert not bad, '\n'.join(bad)
 
 
-@pytest.mark.parametrize('module', MODULES)
-def test_no_cycle(module):
-    found = cycles_through(module)
-    lines = {(m, t): line for m, edges in GRAPH.items() for t, line in edges}
-    where = [', '.join(f"{a}.py:{lines[a, b]}" for a, b in zip(c.split(' -> '), c.split(' -> ')[1:])) for c in found]
-    assert not found, 'import cycle(s):\n' + '\n'.join(f"{c}  ({w})" for c, w in zip(found, where))
+def test_no_module_imports_the_package_file():
+    "`looped_lm/__init__.py` gathers the users' names from every part: a module importing it would import a cycle."
+    bad = [(m, t) for m in ORDER for t, _ in module_imports(m) if t not in ORDER]
+    assert not bad, bad
+
+
+def test_the_users_import_names_each_thing_from_its_home():
+    import looped_lm as ll
+
+    for name in ll.__all__:
+        obj = getattr(ll, name)
+        home = getattr(obj, '__module__', '')
+        assert home.startswith('looped_lm.') and home.count('.') == 2, (name, home)

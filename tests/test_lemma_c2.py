@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from looped_lm.radial import radial_fractions, radial_scale
-from looped_lm.reports import DIAG_VERSION, _cached, radial_scale_of
-from looped_lm.lemmas import radial_exact, radial_fraction
-from looped_lm.protocol import LoopSpec
+from looped_lm.measure.radial import radial_fractions, radial_scale
+from looped_lm.measure.diagnostics import DIAG_VERSION, _cached, radial_scale_of
+from looped_lm.model.lemmas import radial_exact, radial_fraction
+from looped_lm.measure.protocol import LoopSpec
 
 NORMS = {'rmsnorm': nn.RMSNorm, 'layernorm': nn.LayerNorm}
 

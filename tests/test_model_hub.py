@@ -4,12 +4,12 @@ generation; damaged model folders and bad `generate` arguments refused with the 
 import json, math, os, shutil, subprocess, sys
 import pytest, torch
 import huggingface_hub.hub_mixin
-import looped_lm.hub  # noqa: F401 (attaches LoopedLM.from_run)
-from looped_lm.config import load_preset
-from looped_lm.model import HubFolderError, LoopedLM, LoopedLMConfig
-from looped_lm.train import train
-from looped_lm.checkpoints import latest_checkpoint
-from looped_lm.reports import DIAG_VERSION, checkpoint_id
+import looped_lm.interop.hub  # noqa: F401 (attaches LoopedLM.from_run)
+from looped_lm.core.config import load_preset
+from looped_lm.model.looped import HubFolderError, LoopedLM, LoopedLMConfig
+from looped_lm.training.train import train
+from looped_lm.training.rundir import latest_checkpoint
+from looped_lm.measure.diagnostics import DIAG_VERSION, checkpoint_id
 from safetensors.torch import load_file
 
 
@@ -238,15 +238,9 @@ def test_generate_refuses_bad_arguments_before_any_work(tiny, kw, err, msg):
     assert calls == []  # refused before the prompt was embedded
 
 
-def test_model_imports_nothing_above_it():
-    "`looped_lm.model` loads without the trainer or the diagnostics; `from_run` then names the import it needs."
-    code = (
-        "import sys\n"
-        "from looped_lm.model import LoopedLM\n"
-        "print(sorted(m for m in sys.modules if m.startswith('looped_lm.')))\n"
-        "LoopedLM.from_run('runs/x')\n"
-    )
-    p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env={**os.environ})
-    below = ['config', 'decoding', 'hub_folder', 'model', 'readout_ce']  # the model and the layers below it only
-    assert str([f'looped_lm.{m}' for m in below]) in p.stdout, p.stdout + p.stderr
-    assert p.returncode != 0 and 'import looped_lm.hub' in p.stderr, p.stderr[-2000:]
+def test_from_run_after_any_import(run):
+    "`LoopedLM.from_run` works in a fresh interpreter whichever module was imported: the package file attaches it."
+    for first in ('from looped_lm.model.looped import LoopedLM', 'import looped_lm as ll; LoopedLM = ll.LoopedLM'):
+        code = f"{first}\nm = LoopedLM.from_run({str(run)!r})\nprint(type(m).__name__, m.card_info['variant'])\n"
+        p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env={**os.environ})
+        assert p.returncode == 0 and p.stdout.split() == ['LoopedLM', run.name], p.stderr[-2000:]

@@ -10,21 +10,15 @@ import copy, dataclasses
 import pytest
 import torch, torch.nn as nn, torch.nn.functional as F
 
-from looped_lm.protocol import LoopSpec, LoopSpecError, context_layout, run_loops
-from looped_lm.spec_checks import check_spec
-from looped_lm.hooks import from_hooks
-from looped_lm.reports import DiagnosticReport
-from looped_lm.diagnostics import (
-    clamp_modes,
-    diagnose,
-    eval_exits,
-    exit_throughput,
-    lemma2,
-    scale_sensitivity,
-    token_norms,
+from looped_lm.measure.protocol import LoopSpec, LoopSpecError, context_layout, run_loops
+from looped_lm.measure.protocol import check_spec
+from looped_lm.measure.protocol import from_hooks
+from looped_lm.measure.diagnostics import DiagnosticReport
+from looped_lm.measure.diagnostics import (
+    clamp_modes, diagnose, eval_exits, exit_throughput, lemma2, scale_sensitivity, token_norms
 )
-from looped_lm.radial import angle_scaling, angular_updates, radial_fractions
-from looped_lm.halting import exit_outcome, halting_speed, loop_scores
+from looped_lm.measure.radial import angle_scaling, angular_updates, radial_fractions
+from looped_lm.measure.halting import exit_outcome, halting_speed, loop_scores
 
 V, D, HEADS, K, T, B = 61, 16, 2, 4, 12, 4
 

@@ -8,15 +8,15 @@ into its hidden state at step 2. It is a subset, so its records and tables go in
 import configparser, hashlib, json
 from pathlib import Path
 import pytest
-import looped_lm.diagnostics, looped_lm.objective
-from looped_lm.ablation import check_params, run_ablation
-from looped_lm.config import load_preset, settings_path
-from looped_lm.train import train
-from looped_lm.run_records import RunDirError, run_status
+import looped_lm.measure.diagnostics, looped_lm.training.train
+from looped_lm.studies.ablation import check_params, run_ablation
+from looped_lm.core.config import load_preset, settings_path
+from looped_lm.training.train import train
+from looped_lm.training.rundir import RunDirError, run_status
 from _util import inject_nan
 
 VARIANTS = ['perloop-rmsnorm', 'perloop-raw']
-KW = dict(max_eval_batches=1, progress=False)  # (run_ablation makes no figures: 06's make_figures does)
+KW = dict(max_eval_batches=1, progress=False)  # (run_ablation makes no figures: 04e_figures's make_figures does)
 
 
 def snapshot(root) -> dict:
@@ -59,8 +59,8 @@ def test_rerun_retrains_and_reevaluates_nothing(study, monkeypatch):
     def forbidden(*a, **k):
         raise AssertionError('the rerun computed something')
 
-    monkeypatch.setattr(looped_lm.objective, 'get_batch', forbidden)  # no training step
-    monkeypatch.setattr(looped_lm.diagnostics, 'diagnose', forbidden)  # no diagnostic
+    monkeypatch.setattr(looped_lm.training.train, 'get_batch', forbidden)  # no training step
+    monkeypatch.setattr(looped_lm.measure.diagnostics, 'diagnose', forbidden)  # no diagnostic
     again = run_ablation('smoke', VARIANTS, out_dir=out, **KW)  # (no NaN injection now: the failed run is not retried)
     assert again == recs
     after = snapshot(out)

@@ -9,11 +9,11 @@ the same preset and seed are identical; another seed is not.
 import os, signal, subprocess, time, warnings
 from pathlib import Path
 import pytest
-import looped_lm.checkpoints as T  # the checkpoint writer's module: its save_model and write_atomic are patched
-from looped_lm.config import load_preset
-from looped_lm.train import train
-from looped_lm.run_records import read_metrics, run_status
-from looped_lm.checkpoints import latest_checkpoint
+import looped_lm.training.rundir as T  # the checkpoint writer's module: its save_model and write_atomic are patched
+from looped_lm.core.config import load_preset
+from looped_lm.training.train import train
+from looped_lm.training.rundir import read_metrics, run_status
+from looped_lm.training.rundir import latest_checkpoint
 from _util import train_cmd, train_subprocess, records, assert_same_run
 
 OV = dict(ckpt_every=10)  # smoke: 96 steps, a train record every 5 steps, a checkpoint every 10

@@ -10,18 +10,18 @@ metrics were accepted; a run without its config was reported `done`; a full disk
 import json, os, shutil, subprocess, sys, time
 import pytest, torch
 from safetensors import SafetensorError
-import looped_lm.checkpoints as T  # the checkpoint writer's module: its save_model is patched
-from looped_lm.files import dir_lock
-from looped_lm.config import load_preset
-from looped_lm.train import train
-from looped_lm.rundir import load_run
-from looped_lm.run_records import read_metrics, expected_records, RunDirError
-from looped_lm.checkpoints import latest_checkpoint, restore_config
+import looped_lm.training.rundir as T  # the checkpoint writer's module: its save_model is patched
+from looped_lm.core.files import dir_lock
+from looped_lm.core.config import load_preset
+from looped_lm.training.train import train
+from looped_lm.training.rundir import load_run
+from looped_lm.training.rundir import read_metrics, expected_records, RunDirError
+from looped_lm.training.rundir import latest_checkpoint, restore_config
 from _util import assert_same_run
 
 OV = dict(ckpt_every=10)  # smoke: 96 steps, a train record every 5 steps, a checkpoint every 10
 CFG = load_preset('smoke', **OV)
-CLI = 'from looped_lm.cli import train_cli; train_cli()'  # what the `looped-lm-train` entry point runs
+CLI = 'from looped_lm.training.train import train_cli; train_cli()'  # what the `looped-lm-train` entry point runs
 
 
 def cli(*args) -> list:
@@ -282,7 +282,7 @@ def test_progress_lines(tmp_path, smoke_data, capsys):
 
 def test_a_folder_where_a_json_file_should_be_is_named(tmp_path):
     "An unreadable path is never a default or a recomputed cache: the error names it and the fix."
-    from looped_lm.run_records import RunDirError, read_json
+    from looped_lm.training.rundir import RunDirError, read_json
 
     (tmp_path / 'status.json').mkdir()
     with pytest.raises(RunDirError, match='status.json cannot be read.*readable file'):

@@ -1,4 +1,4 @@
-"""The scaling study (nbs/07_scaling.ipynb; its grid: nbs/07c_scaling_grid.ipynb): points, bad grids, the power-law
+"""The scaling study (nbs/06a_scaling.ipynb; its grid: nbs/06a_scaling.ipynb): points, bad grids, the power-law
 fit, and a tiny grid end to end.
 
 A tiny grid trains and measures every run; a rerun trains nothing and measures nothing; an interrupted point is resumed
@@ -8,15 +8,15 @@ by the study; a measurement of another checkpoint is measured again; bad grids f
 import json, math
 import numpy as np, pandas as pd
 import pytest
-from looped_lm.config import ConfigError, load_preset
-from looped_lm.train import train
-from looped_lm.run_records import run_status
-from looped_lm.checkpoints import latest_checkpoint
-from looped_lm.variants import AT_RISK
-from looped_lm.scaling_grid import Grid, estimate_seconds, scaling_points
-from looped_lm.scaling import check_scaling, measure_key, measure_run, read_measure, run_scaling
-from looped_lm.growth import PAPER_TOKENS, fit_growth, local_slopes, t_quantile
-from looped_lm.scaling_figures import draw_scaling
+from looped_lm.core.config import ConfigError, load_preset
+from looped_lm.training.train import train
+from looped_lm.training.rundir import run_status
+from looped_lm.training.rundir import latest_checkpoint
+from looped_lm.studies.variants import AT_RISK
+from looped_lm.extensions.scaling import Grid, estimate_seconds, scaling_points
+from looped_lm.extensions.scaling import check_scaling, measure_key, measure_run, read_measure, run_scaling
+from looped_lm.extensions.growth import PAPER_TOKENS, fit_growth, local_slopes, t_quantile
+from looped_lm.extensions.scaling import draw_scaling
 
 SMALL = Grid(
     'smoke',
@@ -184,8 +184,8 @@ def test_interrupted_point_resumes_and_stale_measurements_are_redone(tmp_path, s
 
 def test_the_committed_cpu_grid_reads_back_and_refits():
     "figures/scaling-cpu/scaling.md (3 digits) gives back the committed exponents, and a 95% band wider than ±1 s.e."
-    from looped_lm.runner import repo_root
-    from looped_lm.scaling import growth_table, published_table, read_markdown_table
+    from looped_lm.studies.runner import repo_root
+    from looped_lm.extensions.scaling import growth_table, published_table, read_markdown_table
 
     folder, plan = repo_root() / 'figures' / 'scaling-cpu', check_scaling('cpu')
     table = published_table(plan, folder)

@@ -10,11 +10,11 @@ starts a two-worker study without a `__main__` guard gets a clear error before a
 
 import os, signal, subprocess, sys, time
 import pytest
-from looped_lm.config import ConfigError
-from looped_lm.files import LockedError, dir_lock
-from looped_lm.variants import GROUPS, VARIANTS, check_seeds, check_variants
-from looped_lm.ablation import check_params, run_ablation, run_dir_of, study_key
-from looped_lm.runner import check_spawn_guard, run_study_jobs, study_lock
+from looped_lm.core.config import ConfigError
+from looped_lm.core.files import LockedError, dir_lock
+from looped_lm.studies.variants import GROUPS, VARIANTS, check_seeds, check_variants
+from looped_lm.studies.ablation import check_params, run_ablation, run_dir_of, study_key
+from looped_lm.studies.runner import check_spawn_guard, run_study_jobs, study_lock
 
 
 @pytest.mark.parametrize('given', [[0, 1, 2], (0, 1, 2), '[0, 1, 2]', '0, 1, 2', '0,1,2', '[0,1,2]'])
@@ -125,7 +125,7 @@ def test_two_workers_give_the_same_tables(tmp_path, smoke_data):
 HOLD = """
 import os, sys, time
 from pathlib import Path
-from looped_lm.files import dir_lock
+from looped_lm.core.files import dir_lock
 folder, what, until = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 with dir_lock(folder, what=what):
     print('held', flush=True)
@@ -216,7 +216,7 @@ def test_a_locked_run_is_trained_after_the_others(tmp_path, smoke_data, capsys):
 
 
 UNGUARDED = """
-from looped_lm.ablation import run_ablation
+from looped_lm.studies.ablation import run_ablation
 run_ablation('smoke', variants=['perloop-raw', 'perloop-rmsnorm'], seeds=[0], out_dir={out!r}, workers=2)
 """
 

@@ -11,11 +11,11 @@ transformers = pytest.importorskip('transformers')
 lm_eval = pytest.importorskip('lm_eval')
 pytest.importorskip('accelerate')  # lm-eval's HFLM imports it (the `hf` extra of lm-eval)
 
-import looped_lm.hub  # noqa: E402,F401 (attaches LoopedLM.from_run)
-from looped_lm.config import load_preset  # noqa: E402
-from looped_lm.model import LoopedLM  # noqa: E402
-from looped_lm.train import train  # noqa: E402
-from looped_lm.lm_eval_io import harness_scores, rolling_nll, save_run, wikitext_pages  # noqa: E402
+import looped_lm.interop.hub  # noqa: E402,F401 (attaches LoopedLM.from_run)
+from looped_lm.core.config import load_preset  # noqa: E402
+from looped_lm.model.looped import LoopedLM  # noqa: E402
+from looped_lm.training.train import train  # noqa: E402
+from looped_lm.interop.lm_eval import harness_scores, rolling_nll, save_run, wikitext_pages  # noqa: E402
 
 FRESH = r'''
 import json, sys, torch
@@ -81,13 +81,13 @@ def test_fresh_interpreter_trust_remote_code_equals_from_run(run, folder, smoke_
 
 
 def test_auto_classes_after_import(folder, run):
-    "After `import looped_lm.transformers_io`, the folder loads without trust_remote_code."
-    import looped_lm.transformers_io  # noqa: F401
+    "After `import looped_lm.interop.transformers_io`, the folder loads without trust_remote_code."
+    import looped_lm.interop.transformers_io  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM
 
     assert AutoConfig.from_pretrained(folder).exit_k is None
     m = AutoModelForCausalLM.from_pretrained(folder, exit_k=3)
-    assert type(m).__module__ == 'looped_lm.transformers_io' and m.config.exit_k == 3
+    assert type(m).__module__ == 'looped_lm.interop.transformers_io' and m.config.exit_k == 3
     x = torch.arange(1, 25)[None]
     with torch.no_grad():
         assert torch.allclose(m(x).logits, LoopedLM.from_run(run)(x, exit_k=3).logits, atol=1e-5, rtol=1e-5)
@@ -110,9 +110,9 @@ def test_harness_scores_smoke_as_our_code_does(run, folder, smoke_data):
 
 def test_regex_tokenizer_as_fast_tokenizer_matches_on_wikitext():
     "The official regex tokenizer's fast twin gives our ids on a whole WikiText split (the test split, fitted on it)."
-    from looped_lm.corpus import iter_rows, load_corpus
-    from looped_lm.tokenizer import RegexTokenizer
-    from looped_lm.transformers_io import fast_tokenizer
+    from looped_lm.training.text import iter_rows, load_corpus
+    from looped_lm.training.text import RegexTokenizer
+    from looped_lm.interop.transformers_io import fast_tokenizer
 
     rows = [r for r in iter_rows(load_corpus('wikitext-2-v1', verbose=False)['test']) if r]
     rx = RegexTokenizer.fit([rows], 4096, min_freq=2)
@@ -122,7 +122,7 @@ def test_regex_tokenizer_as_fast_tokenizer_matches_on_wikitext():
 
 
 def test_bad_inputs_name_the_fix(folder):
-    from looped_lm.transformers_io import LoopedLMHFConfig, fast_tokenizer, from_looped
+    from looped_lm.interop.transformers_io import LoopedLMHFConfig, fast_tokenizer, from_looped
     from transformers import AutoModelForCausalLM
 
     with pytest.raises(ValueError, match='integer in 1..4'):
