@@ -11,7 +11,7 @@ import torch, torch.nn as nn, torch.nn.functional as F
 from looped_lm.core.config import ExperimentConfig, load_preset
 from looped_lm.model.looped import LoopedLMConfig, forward_flops_per_token
 from looped_lm.model.looped import LoopedLM, train_flops_per_token, num_params  # noqa: F401 (for run_cpu, gpu_check)
-from looped_lm.training.train import objective, make_optimizer
+from looped_lm.training.train import training_objective, make_optimizer
 from looped_lm.training.train import autocast
 
 HERE = Path(__file__).resolve().parent
@@ -150,7 +150,7 @@ def make_step(model, cfg: ExperimentConfig, device, baseline: bool = False):
     def step(x, y):
         t0 = time.perf_counter()
         with autocast(cfg, device):
-            obj = model(x, y) if baseline else objective(model, x, y, cfg)[0]
+            obj = model(x, y) if baseline else training_objective(model, x, y, cfg)[0]
         opt.zero_grad(set_to_none=True)
         obj.backward()
         t1 = time.perf_counter()

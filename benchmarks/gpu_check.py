@@ -42,10 +42,8 @@ from bench_lib import (
 from looped_lm.core.config import load_preset
 from looped_lm.training.data import TokenData
 from looped_lm.training.rundir import read_metrics
-from looped_lm.training.train import train
-from looped_lm.training.train import autocast
+from looped_lm.training.train import PEAK_BF16_FLOPS, autocast, train
 
-PEAK_FLOPS = 989e12  # H100/H200 SXM dense bf16, as the trainer's MFU
 med = statistics.median
 
 
@@ -184,7 +182,7 @@ def model_parts(cfg, device, dry: bool) -> dict:
         loss[k].update(
             seconds_per_step=v,
             tokens_per_s=tok / med(v),
-            mfu=tok * f / med(v) / PEAK_FLOPS if device.type == 'cuda' else None,
+            mfu=tok * f / med(v) / PEAK_BF16_FLOPS if device.type == 'cuda' else None,
             train_flops_per_token=f,
         )
     P, T = loss[f'perloop/chunk={cfg.ce_chunk}'], loss[f'terminal/chunk={cfg.ce_chunk}']

@@ -44,7 +44,7 @@ from bench_lib import (
     current_rss_mib,
     peak_rss_mib,
 )
-from looped_lm.training.train import objective
+from looped_lm.training.train import training_objective
 from looped_lm.model.looped import saved_tensor_bytes
 
 med = statistics.median
@@ -203,7 +203,7 @@ def memory_probe(spec: dict) -> dict:
         times.append(time.perf_counter() - t)
     peak = _hwm_mib() if can_reset else peak_rss_mib()
     model.zero_grad(set_to_none=True)
-    saved = saved_tensor_bytes(lambda: objective(model, x, y, cfg)[0], model.parameters())[1]
+    saved = saved_tensor_bytes(lambda: training_objective(model, x, y, cfg)[0], model.parameters())[1]
     return dict(
         spec,
         peak_rss_mib=peak,

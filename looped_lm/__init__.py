@@ -1,6 +1,7 @@
 """looped_lm: looped language models and the readout blind spot. `import looped_lm as ll` gives what the chapters tell a
 user to call, each imported from its home; the parts (`ll.core`, `ll.model`, `ll.training`, `ll.measure`, `ll.studies`,
 `ll.extensions`, `ll.interop`) hold the rest. The book's reading order is `nbs/index.ipynb`."""
+
 __version__ = "0.0.1"
 
 import warnings as _warnings
@@ -27,19 +28,45 @@ from .extensions.depth import run_depth  # noqa: E402
 from .interop.hub import from_run  # noqa: E402
 
 # The `transformers` and lm-evaluation-harness bridges need the `eval` extra: imported when first asked for.
-_OPTIONAL = {'save_transformers': 'transformers_io', 'fast_tokenizer': 'transformers_io',
-             'LoopedLMForCausalLM': 'transformers_io', 'save_run': 'lm_eval', 'compare_bpb': 'lm_eval'}
+_OPTIONAL = {
+    'save_transformers': 'transformers_io',
+    'fast_tokenizer': 'transformers_io',
+    'LoopedLMForCausalLM': 'transformers_io',
+    'save_run': 'lm_eval',
+    'compare_bpb': 'lm_eval',
+}
 
 
 def __getattr__(name):
     if name in _OPTIONAL:
         import importlib
+
         return getattr(importlib.import_module(f'{__name__}.interop.{_OPTIONAL[name]}'), name)
     raise AttributeError(f"module 'looped_lm' has no attribute {name!r}")
 
 
 __all__ = [
-    'ConfigError', 'ExperimentConfig', 'list_presets', 'load_preset', 'LoopedLM', 'LoopedLMConfig', 'prepare_data',
-    'train', 'load_run', 'LoopSpec', 'LoopSpecError', 'from_hooks', 'DiagnosticReport', 'diagnose', 'diagnose_run',
-    'run_ablation', 'rebuild', 'make_figures', 'run_scaling', 'run_horizon', 'run_depth', 'from_run', *_OPTIONAL,
+    'ConfigError',
+    'ExperimentConfig',
+    'list_presets',
+    'load_preset',
+    'LoopedLM',
+    'LoopedLMConfig',
+    'prepare_data',
+    'train',
+    'load_run',
+    'LoopSpec',
+    'LoopSpecError',
+    'from_hooks',
+    'DiagnosticReport',
+    'diagnose',
+    'diagnose_run',
+    'run_ablation',
+    'rebuild',
+    'make_figures',
+    'run_scaling',
+    'run_horizon',
+    'run_depth',
+    'from_run',
+    *_OPTIONAL,
 ]

@@ -13,7 +13,7 @@ import shutil
 import pytest
 from looped_lm.studies.variants import GROUPS
 from looped_lm.studies.tables import read_run_records, run_record, table1, write_tables
-from looped_lm.studies.claims import CLAIMS, MARGINS, claims, claims_markdown, measures, rebuild, write_claims
+from looped_lm.studies.claims import CLAIMS, MARGINS, evaluate_claims, claims_markdown, measures, rebuild, write_claims
 from looped_lm.measure.radial import unaligned_cos
 from looped_lm.studies.tables import synthetic_study
 from looped_lm.measure.diagnostics import HEAVY_TAIL_HILL
@@ -35,7 +35,7 @@ FIELDS = [
 
 
 def test_layout_primary_first_then_extension():
-    cl = claims(synthetic_study(seeds=(0, 1, 2)))
+    cl = evaluate_claims(synthetic_study(seeds=(0, 1, 2)))
     assert list(cl) == ['primary', 'extension', 'preregistration']
     assert cl['primary']['variants'] == GROUPS['official']
     assert cl['extension']['variants'][-2:] == ['internorm', 'layernorm']
@@ -71,8 +71,8 @@ def test_layout_primary_first_then_extension():
     ],
 )
 def test_one_failing_member_fails_its_claim_in_its_sections(claim, member, change, sections):
-    every_seed = claims(synthetic_study((0, 1), **{member: change}))
-    one_seed = claims(synthetic_study((0,)) + synthetic_study((1,), **{member: change}))
+    every_seed = evaluate_claims(synthetic_study((0, 1), **{member: change}))
+    one_seed = evaluate_claims(synthetic_study((0,)) + synthetic_study((1,), **{member: change}))
     for sec in ('primary', 'extension'):
         a, b = every_seed[sec]['claims'][claim], one_seed[sec]['claims'][claim]
         if sec in sections:
@@ -88,7 +88,7 @@ def test_clamp_modes_are_judged_separately_with_a_seed_range():
     recs = synthetic_study((0,), **{'perloop-rmsnorm': dict(clamp_ratio={'freeze_loop1': 1.002})}) + synthetic_study(
         (1,), **{'perloop-rmsnorm': dict(clamp_ratio={'freeze_loop1': 1.008})}
     )
-    c4a, c4b = (claims(recs)['primary']['claims'][c] for c in ('C4a', 'C4b'))
+    c4a, c4b = (evaluate_claims(recs)['primary']['claims'][c] for c in ('C4a', 'C4b'))
     assert c4a['verdict'] == c4b['verdict'] == 'reproduced'
     lo, hi = c4a['seed_range']['max |PPL ratio - 1|']
     assert lo == pytest.approx(0.002) and hi == pytest.approx(0.008)
@@ -98,7 +98,8 @@ def test_clamp_modes_are_judged_separately_with_a_seed_range():
 
 
 def test_c2_reads_the_per_token_lemma_ratio_and_the_raw_baseline():
-    c2 = claims(synthetic_study((0, 1), **{'perloop-rmsnorm': dict(lemma_ratio=1.8, cot=0.3)}))['primary']['claims']
+    off = {'perloop-rmsnorm': dict(lemma_ratio=1.8, cot=0.3)}
+    c2 = evaluate_claims(synthetic_study((0, 1), **off))['primary']['claims']
     c2 = c2['C2']
     assert c2['verdict'] == 'reproduced'  # 1.8 is inside [0.5, 2]
     base = unaligned_cos(128)
@@ -117,14 +118,14 @@ def test_c2_reads_the_per_token_lemma_ratio_and_the_raw_baseline():
 
 def test_c2_without_the_lemma_fields_is_not_measured_and_says_why():
     old = synthetic_study((0, 1), **{v: dict(lemma_ratio=None) for v in ('perloop-rmsnorm', 'terminal-rmsnorm')})
-    c2 = claims(old)['primary']['claims']['C2']
+    c2 = evaluate_claims(old)['primary']['claims']['C2']
     assert (c2['verdict'], c2['holds_on_mean'], c2['seeds_held']) == ('not measured', None, '0/2')
     assert 'diagnostics before v5' in c2['numbers']['lemma'] and 'rerun diagnose_run' in c2['numbers']['lemma']
     assert c2['numbers']['max radial normalized'] == pytest.approx(1e-9)  # the thresholds are still reported
-    assert 'diagnostics before v5' in claims_markdown(claims(old))
+    assert 'diagnostics before v5' in claims_markdown(evaluate_claims(old))
     # the thresholds alone already fail: not reproduced, whatever the lemma would say
     bad = synthetic_study((0,), **{'perloop-rmsnorm': dict(lemma_ratio=None, radial=1e-3)})
-    assert claims(bad)['primary']['claims']['C2']['verdict'] == 'not reproduced at this scale'
+    assert evaluate_claims(bad)['primary']['claims']['C2']['verdict'] == 'not reproduced at this scale'
     # a record of the old format end to end: `predicted` is read as the scale
     rec = synthetic_study((0,), variants=['perloop-rmsnorm'], **{'perloop-rmsnorm': dict(lemma_ratio=None)})[0]
     assert set(rec['diag']['radial'][-1]) == {'k', 'readout', 'objective', 'predicted'}
@@ -139,11 +140,11 @@ def test_missing_diagnostics_or_failed_members_are_not_measured():
         if r['variant'] == 'perloop-penalty':
             r.update(status='failed', diag={})
         r['diag'].pop('halting', None)
-    cl = claims(recs)['primary']['claims']
+    cl = evaluate_claims(recs)['primary']['claims']
     assert cl['C3']['verdict'] == cl['C6']['verdict'] == cl['C7']['verdict'] == 'not measured'
-    only_ext = claims(synthetic_study((0,), variants=['internorm', 'layernorm']))
+    only_ext = evaluate_claims(synthetic_study((0,), variants=['internorm', 'layernorm']))
     assert only_ext['primary']['variants'] == [] and only_ext['primary']['claims']['C1']['verdict'] == 'not measured'
-    assert claims(synthetic_study((0,), variants=GROUPS['official']))['extension']['claims'] == {}
+    assert evaluate_claims(synthetic_study((0,), variants=GROUPS['official']))['extension']['claims'] == {}
 
 
 def test_tables_and_claims_rebuild_byte_identical_from_run_records(tmp_path):
@@ -180,7 +181,7 @@ def test_table1_reads_the_scale_of_either_report_version(tmp_path):
 
 def test_a_not_measured_reason_is_said_once_in_claims_md():
     old = synthetic_study((0, 1), **{v: dict(lemma_ratio=None) for v in ('perloop-rmsnorm', 'terminal-rmsnorm')})
-    cl = claims(old)
+    cl = evaluate_claims(old)
     assert 'lemma' not in cl['primary']['claims']['C2']['seed_range']
     assert 'max radial normalized' in cl['primary']['claims']['C2']['seed_range']
     assert claims_markdown(cl).count('diagnostics before v5') == 2  # once per section, not again in the brackets

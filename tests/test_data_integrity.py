@@ -355,4 +355,3 @@ def test_bits_per_byte_and_word_ppl_by_hand():
     assert math.isclose(word_perplexity(10 * math.log(3), 5), 9.0)
     with pytest.raises(ValueError, match='at least one byte'):
         bits_per_byte(1.0, 0)
-

@@ -105,12 +105,12 @@ def test_batch_that_does_not_split_is_refused(smoke_data, tmp_path):
 if __name__ == '__main__':  # the training script of both runs
     from looped_lm.core.config import load_preset
     from looped_lm.training.train import train
-    from looped_lm.training.train import world
+    from looped_lm.training.train import ddp_world
     import torch.distributed as dist
 
     run_dir, ov = Path(sys.argv[1]), json.loads(sys.argv[2])
     train(load_preset('smoke', **ov), run_dir, progress=False)
-    rank, world_size = world()
+    rank, world_size = ddp_world()
     (run_dir / f'world-{rank}.json').write_text(json.dumps(dict(rank=rank, world_size=world_size)))
     if dist.is_initialized():
         dist.destroy_process_group()

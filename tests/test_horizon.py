@@ -15,11 +15,26 @@ from looped_lm.training.train import train
 from looped_lm.training.rundir import latest_checkpoint
 from looped_lm.studies.variants import AT_RISK
 from looped_lm.extensions.horizon import (
-    HORIZON_GRIDS, RECORDS, _check_arms, cached_record, check_horizon, checkpoint_steps, clock_of, horizon_key,
-    put_record, read_records, run_horizon
+    HORIZON_GRIDS,
+    RECORDS,
+    _check_arms,
+    cached_record,
+    check_horizon,
+    checkpoint_steps,
+    clock_of,
+    horizon_key,
+    put_record,
+    read_records,
+    run_horizon,
 )
 from looped_lm.extensions.horizon import (
-    CLOCKS, PAPER_CLOCK, PAPER_DRIFT_RMS, collapse_test, dose_response, drift_law, synthetic_horizon
+    CLOCKS,
+    PAPER_CLOCK,
+    PAPER_DRIFT_RMS,
+    collapse_test,
+    dose_response,
+    drift_law,
+    synthetic_horizon,
 )
 
 
@@ -44,8 +59,12 @@ def test_checkpoint_steps_and_arms():
             checkpoint_steps(*args)
     with pytest.raises(ConfigError, match='ratio'):
         checkpoint_steps(1, 10, 1.0)
-    for arms, msg in [((), 'non-empty'), (((-1, [AT_RISK]),), 'positive'), (((1e-3, ['perloop-raw']),), 'first arm'),
-                      (((1e-3, [AT_RISK]), (1e-3, ['perloop-raw'])), 'twice')]:
+    for arms, msg in [
+        ((), 'non-empty'),
+        (((-1, [AT_RISK]),), 'positive'),
+        (((1e-3, ['perloop-raw']),), 'first arm'),
+        (((1e-3, [AT_RISK]), (1e-3, ['perloop-raw'])), 'twice'),
+    ]:
         with pytest.raises(ConfigError, match=msg):
             _check_arms(arms)
 

@@ -52,7 +52,7 @@ def study_jobs(preset, variants, out_dir, seeds=None, **overrides) -> list:
 
 def test_plan_of_the_paper_exact_study(tmp_path, capsys):
     jobs = [j for p in ('paper-exact-44m', 'paper-exact-129m') for j in study_jobs(p, GROUPS['official'], tmp_path / p)]
-    plan = J.plan_study(jobs)
+    plan = J.cost_plan(jobs)
     t = plan.table
     assert len(t) == 42 and len(plan.to_submit) == 42 and (t.state == 'new').all() and t.submit.all()
     assert t.speed.str.startswith('measured').all() and t.peak_gib.notna().all()
@@ -71,14 +71,14 @@ def test_plan_knows_done_paused_and_new_runs(tmp_path, smoke_data):
     train(
         jobs[1]['cfg'], jobs[1]['run_dir'], data=smoke_data, progress=False, max_steps=60
     )  # paused, with a checkpoint
-    plan = J.plan_study(jobs)
+    plan = J.cost_plan(jobs)
     assert list(plan.table.state) == ['done', 'resumes at 60', 'new']
     assert list(plan.table.steps_left) == [0, SMOKE.steps - 60, SMOKE.steps]
     assert [j['variant'] for j in plan.to_submit] == ['perloop-rmsnorm', 'perloop-raw']
     assert list(plan.table.submit) == [False, True, True]
     assert plan.table.speed.str.startswith('extrapolated from').all() and plan.table.peak_gib.isna().all()
     with pytest.raises(ConfigError, match='gpu_check.sh'):
-        J.plan_study(jobs, bench=tmp_path / 'missing.json')
+        J.cost_plan(jobs, bench=tmp_path / 'missing.json')
 
 
 def test_data_is_prepared_once_and_only_read(tmp_path, smoke_data):
@@ -98,7 +98,7 @@ def test_bad_input_is_refused_before_any_work(tmp_path):
     jobs = study_jobs('smoke', ['perloop-rmsnorm'], tmp_path, seeds=[0])
     with mock.patch.object(J, 'prepare_once', side_effect=AssertionError('prepared before checking')):
         for kw, match in [
-            (dict(fn=lambda job: 'done'), 'module-level'),
+            (dict(work=lambda job: 'done'), 'module-level'),
             (dict(executor='pbs'), 'one of local, slurm, debug'),
             (dict(gpus_per_job=-1), 'gpus_per_job'),
             (dict(timeout_min=0), 'timeout_min'),
@@ -106,10 +106,10 @@ def test_bad_input_is_refused_before_any_work(tmp_path):
             (dict(jobs=[dict(run_dir='x')]), "ExperimentConfig 'cfg'"),
         ]:
             with pytest.raises(ConfigError, match=match):
-                J.run_jobs(**dict(dict(fn=_run_one, jobs=jobs, folder=tmp_path / 'jobs'), **kw))
+                J.submit_jobs(**dict(dict(jobs=jobs, work=_run_one, folder=tmp_path / 'jobs'), **kw))
         if shutil.which('sbatch') is None:
             with pytest.raises(ConfigError, match='sbatch'):
-                J.run_jobs(_run_one, jobs, 'slurm', folder=tmp_path / 'jobs')
+                J.submit_jobs(jobs, _run_one, 'slurm', folder=tmp_path / 'jobs')
 
 
 def test_slurm_script(tmp_path):
@@ -126,8 +126,8 @@ def test_a_failed_job_is_reported_and_the_others_finish(tmp_path, smoke_data):
     jobs = study_jobs('smoke', ['perloop-rmsnorm', 'perloop-raw'], tmp_path / 'study', seeds=[0])
     Path(jobs[0]['run_dir']).parent.mkdir(parents=True)
     Path(jobs[0]['run_dir']).write_text('a file where the run folder should be')
-    out = J.run_jobs(
-        _run_one, jobs, 'local', folder=tmp_path / 'jobs', gpus_per_job=0, timeout_min=10, max_parallel=2, poll_s=0.2
+    out = J.submit_jobs(
+        jobs, _run_one, 'local', folder=tmp_path / 'jobs', gpus_per_job=0, timeout_min=10, max_parallel=2, poll_s=0.2
     )
     assert [o.state for o in out] == ['failed', 'done'] and [o.name for o in out] == [
         'perloop-rmsnorm-seed0',
@@ -165,7 +165,7 @@ def test_a_preempted_job_resumes_to_identical_weights(tmp_path, smoke_data):
 def test_slurm_jobs(tmp_path, smoke_data):
     "On a SLURM login node: two smoke runs as a job array, on CPU nodes (set LOOPED_LM_CACHE to a shared folder)."
     jobs = study_jobs('smoke', ['perloop-rmsnorm', 'perloop-raw'], Path.cwd() / 'slurm-test-runs', seeds=[0])
-    out = J.run_jobs(_run_one, jobs, 'slurm', folder=Path.cwd() / 'slurm-test-jobs', gpus_per_job=0, timeout_min=30)
+    out = J.submit_jobs(jobs, _run_one, 'slurm', folder=Path.cwd() / 'slurm-test-jobs', gpus_per_job=0, timeout_min=30)
     assert [o.state for o in out] == ['done', 'done'], [o.error for o in out]
 
 
@@ -215,7 +215,7 @@ def test_plan_only_plans_the_paper_exact_study_without_a_gpu(tmp_path, capsys):
     spend = mock.Mock(side_effect=AssertionError('spent'))
     with (
         mock.patch('torch.cuda.is_available', return_value=False),
-        mock.patch.multiple(A, run_jobs=spend, prepare_once=spend, prepare_data=spend, train=spend),
+        mock.patch.multiple(A, submit_jobs=spend, prepare_once=spend, prepare_data=spend, train=spend),
     ):
         plan = run_ablation('paper-exact-44m', 'official', out_dir=tmp_path, executor='slurm', plan_only='True')
         with pytest.raises(ConfigError, match='no GPU is visible'):  # in process, the device is still checked

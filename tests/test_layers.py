@@ -26,18 +26,32 @@ PARTS = {
 # (chapter, module it exports or None), in reading order; a chapter's number is its part's (00 = core, ...), except
 # `05_ablation`, the users' main command, which keeps its path and reads the studies part's results
 CHAPTERS = [
-    ('00_config', 'core.config'), ('00a_files', 'core.files'),
-    ('01_model', 'model.looped'), ('01a_lemmas', 'model.lemmas'),
-    ('02_text', 'training.text'), ('02a_data', 'training.data'), ('02b_rundir', 'training.rundir'),
+    ('00_config', 'core.config'),
+    ('00a_files', 'core.files'),
+    ('01_model', 'model.looped'),
+    ('01a_lemmas', 'model.lemmas'),
+    ('02_text', 'training.text'),
+    ('02a_data', 'training.data'),
+    ('02b_rundir', 'training.rundir'),
     ('02c_train', 'training.train'),
-    ('03_protocol', 'measure.protocol'), ('03a_halting', 'measure.halting'), ('03b_radial', 'measure.radial'),
+    ('03_protocol', 'measure.protocol'),
+    ('03a_halting', 'measure.halting'),
+    ('03b_radial', 'measure.radial'),
     ('03c_diagnostics', 'measure.diagnostics'),
-    ('04_variants', 'studies.variants'), ('04a_runner', 'studies.runner'), ('04b_tables', 'studies.tables'),
-    ('04c_claims', 'studies.claims'), ('04d_ablation', 'studies.ablation'), ('04e_figures', 'studies.figures'),
+    ('04_variants', 'studies.variants'),
+    ('04a_runner', 'studies.runner'),
+    ('04b_tables', 'studies.tables'),
+    ('04c_claims', 'studies.claims'),
+    ('04d_ablation', 'studies.ablation'),
+    ('04e_figures', 'studies.figures'),
     ('05_ablation', None),
-    ('06_growth', 'extensions.growth'), ('06a_scaling', 'extensions.scaling'), ('06c_horizon', 'extensions.horizon'),
+    ('06_growth', 'extensions.growth'),
+    ('06a_scaling', 'extensions.scaling'),
+    ('06c_horizon', 'extensions.horizon'),
     ('06d_depth', 'extensions.depth'),
-    ('07_hub', 'interop.hub'), ('07a_transformers', 'interop.transformers_io'), ('07b_lm_eval', 'interop.lm_eval'),
+    ('07_hub', 'interop.hub'),
+    ('07a_transformers', 'interop.transformers_io'),
+    ('07b_lm_eval', 'interop.lm_eval'),
 ]
 ORDER = {m: i for i, (_, m) in enumerate(CHAPTERS) if m}
 PLACE = {nb: i for i, (nb, _) in enumerate(CHAPTERS)}
@@ -56,14 +70,14 @@ def imported(node, package: str = PKG.name, here: str = '') -> list:
             base = here.split('.')[: max(0, len(here.split('.')) - node.level)]
             mod = '.'.join([*base, *(node.module.split('.') if node.module else [])])
         elif node.module and (node.module == package or node.module.startswith(package + '.')):
-            mod = node.module[len(package) + 1:]
+            mod = node.module[len(package) + 1 :]
         else:
             return []
         if not mod:
             return [a.name for a in node.names]
         return [f'{mod}.{a.name}' if '.' not in mod else mod for a in node.names]
     if isinstance(node, ast.Import):
-        return [a.name[len(package) + 1:] for a in node.names if a.name.startswith(package + '.')]
+        return [a.name[len(package) + 1 :] for a in node.names if a.name.startswith(package + '.')]
     return []
 
 
@@ -114,16 +128,22 @@ def test_every_module_has_its_chapter_and_every_chapter_is_listed():
 
 @pytest.mark.parametrize('module', sorted(ORDER, key=ORDER.get))
 def test_a_module_imports_only_what_comes_before_it(module):
-    bad = [f"looped_lm/{module.replace('.', '/')}.py:{line} imports {t}, which comes later (or is unknown)"
-           for t, line in module_imports(module) if ORDER.get(t, len(ORDER)) > ORDER[module]]
+    bad = [
+        f"looped_lm/{module.replace('.', '/')}.py:{line} imports {t}, which comes later (or is unknown)"
+        for t, line in module_imports(module)
+        if ORDER.get(t, len(ORDER)) > ORDER[module]
+    ]
     assert not bad, 'forward import(s): move the code or the import down\n' + '\n'.join(bad)
 
 
 @pytest.mark.parametrize('nb', [nb for nb, _ in CHAPTERS])
 def test_a_chapter_uses_only_what_a_reader_has_met(nb):
     place = {m: PLACE[c] for c, m in CHAPTERS if m}
-    bad = [f"nbs/{nb}.ipynb cell {i} imports {t}, from a later chapter (or no chapter)"
-           for t, i in chapter_imports(nb) if place.get(t, len(CHAPTERS)) > PLACE[nb]]
+    bad = [
+        f"nbs/{nb}.ipynb cell {i} imports {t}, from a later chapter (or no chapter)"
+        for t, i in chapter_imports(nb)
+        if place.get(t, len(CHAPTERS)) > PLACE[nb]
+    ]
     assert not bad, '\n'.join(bad)
 
 

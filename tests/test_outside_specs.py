@@ -15,7 +15,13 @@ from looped_lm.measure.protocol import check_spec
 from looped_lm.measure.protocol import from_hooks
 from looped_lm.measure.diagnostics import DiagnosticReport
 from looped_lm.measure.diagnostics import (
-    clamp_modes, diagnose, eval_exits, exit_throughput, lemma2, scale_sensitivity, token_norms
+    clamp_modes,
+    diagnose,
+    eval_exits,
+    exit_throughput,
+    lemma2,
+    scale_sensitivity,
+    token_norms,
 )
 from looped_lm.measure.radial import angle_scaling, angular_updates, radial_fractions
 from looped_lm.measure.halting import exit_outcome, halting_speed, loop_scores

@@ -183,15 +183,15 @@ def test_interrupted_point_resumes_and_stale_measurements_are_redone(tmp_path, s
 
 
 def test_the_committed_cpu_grid_reads_back_and_refits():
-    "figures/scaling-cpu/scaling.md (3 digits) gives back the committed exponents, and a 95% band wider than ±1 s.e."
+    "figures/scaling-cpu/scaling.csv (3 digits) gives back the committed exponents, and a 95% band wider than ±1 s.e."
     from looped_lm.studies.runner import repo_root
-    from looped_lm.extensions.scaling import growth_table, published_table, read_markdown_table
+    from looped_lm.extensions.scaling import growth_table, published_table
 
     folder, plan = repo_root() / 'figures' / 'scaling-cpu', check_scaling('cpu')
     table = published_table(plan, folder)
     assert len(table) == 40 and (table.status == 'done').sum() == 37
     fits, growth = growth_table(table, plan)
-    committed = read_markdown_table(folder / 'growth.md').set_index('variant')
+    committed = pd.read_csv(folder / 'growth.csv').set_index('variant')
     for v, f in fits.items():
         assert abs(f['exponent'] - committed.loc[v, 'exponent']) < 0.005 * max(1, abs(committed.loc[v, 'exponent']))
     f = fits[AT_RISK]

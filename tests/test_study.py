@@ -14,7 +14,7 @@ from looped_lm.core.config import ConfigError
 from looped_lm.core.files import LockedError, dir_lock
 from looped_lm.studies.variants import GROUPS, VARIANTS, check_seeds, check_variants
 from looped_lm.studies.ablation import check_params, run_ablation, run_dir_of, study_key
-from looped_lm.studies.runner import check_spawn_guard, run_study_jobs, study_lock
+from looped_lm.studies.runner import check_spawn_guard, run_jobs, study_lock
 
 
 @pytest.mark.parametrize('given', [[0, 1, 2], (0, 1, 2), '[0, 1, 2]', '0, 1, 2', '0,1,2', '[0,1,2]'])
@@ -192,11 +192,11 @@ def test_a_run_held_to_the_end_is_reported_and_the_others_run(tmp_path):
     jobs = [dict(label=n, run_dir=tmp_path / n) for n in ('a', 'b', 'c')]
     holder = hold(tmp_path / 'a', 'run', tmp_path / 'never', tmp_path)
     try:
-        assert run_study_jobs(jobs, toy_work, lock_wait=0.5, poll=0.1) == ['locked', 'done', 'done']
+        assert run_jobs(jobs, toy_work, lock_wait=0.5, poll=0.1) == ['locked', 'done', 'done']
     finally:
         holder.kill()
         holder.wait()
-    assert run_study_jobs(jobs, toy_work) == ['done', 'done', 'done']
+    assert run_jobs(jobs, toy_work) == ['done', 'done', 'done']
 
 
 def test_a_locked_run_is_trained_after_the_others(tmp_path, smoke_data, capsys):

@@ -64,8 +64,14 @@ def test_fresh_interpreter_trust_remote_code_equals_from_run(run, folder, smoke_
     torch.save(x, tmp_path / 'x.pt')
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
     text = ' = Robert <unk> = \n Robert <unk> is an English film , television and theatre actor . \n'
-    p = subprocess.run([sys.executable, '-c', FRESH, str(folder), str(tmp_path / 'x.pt'), text], capture_output=True,
-                       text=True, cwd=tmp_path, env=env, timeout=600)
+    p = subprocess.run(
+        [sys.executable, '-c', FRESH, str(folder), str(tmp_path / 'x.pt'), text],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     out = torch.load(tmp_path / 'x.pt.out')
     assert out['cls'].startswith('transformers_modules.'), out['cls']  # the folder's code, not the package

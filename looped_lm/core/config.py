@@ -10,6 +10,7 @@ import numpy as np
 import configparser
 import dataclasses
 import math
+import numbers
 import os
 import re
 from dataclasses import fields
@@ -241,21 +242,24 @@ def _check_keys(kw):
         raise ConfigError(f"Unknown setting(s) {bad}. Valid settings: {', '.join(sorted(valid))}.")
 
 # %% ../../nbs/00_config.ipynb #f0285279
+def check_seed_values(items: list, what: str) -> list:
+    """Distinct non-negative integers below 2**32 (a string of digits read as its integer), or a `ConfigError` that
+    names `what`: the one rule for the seeds of a preset and of a study's parameter."""
+    vals = [int(s) if isinstance(s, str) and re.fullmatch(r'\d+', s) else s for s in items]
+    bad = [s for s in vals if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 0 <= s < 2**32]
+    if bad or not vals:
+        raise ConfigError(
+            f"{what}: write distinct non-negative integers below 2**32, e.g. '42, 101, 202' (bad: {bad})."
+        )
+    if len(set(vals)) != len(vals):
+        raise ConfigError(f"{what} repeats a seed; each run would be counted twice. Give distinct seeds.")
+    return [int(s) for s in vals]
+
+
 def parse_seeds(text: str, name: str = 'custom') -> list:
-    "Seeds written as '42, 101, 202' (commas and/or spaces, optional brackets) -> distinct non-negative ints < 2**32."
+    "A preset's `seeds`, written as '42, 101, 202' (commas and/or spaces, optional brackets), checked."
     parts = [p for p in re.split(r'[,\s]+', text.strip().strip('[]()')) if p]
-    bad = [p for p in parts if not re.fullmatch(r'\d+', p) or int(p) >= 2**32]
-    if bad or not parts:
-        raise ConfigError(
-            f"{name}: `seeds` = {text!r}: write distinct non-negative integers below 2**32, e.g. '42, 101, 202' "
-            f"(bad: {bad})."
-        )
-    seeds = [int(p) for p in parts]
-    if len(set(seeds)) != len(seeds):
-        raise ConfigError(
-            f"{name}: `seeds` = {text!r} repeats a seed; each run would be counted twice. Give distinct seeds."
-        )
-    return seeds
+    return check_seed_values(parts, f"{name}: `seeds` = {text!r}")
 
 
 def _label(cfg) -> str:

@@ -9,7 +9,7 @@ import contextlib, errno, hashlib, json, os, re, secrets, socket, sys, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['WriteError', 'LockedError']
+__all__ = ['WriteError', 'fsync', 'LockedError']
 
 # %% ../../nbs/00a_files.ipynb #af08cf86
 class WriteError(OSError):
@@ -48,18 +48,23 @@ def _tmp_for(p: Path) -> Path:
     return p.with_name(f'.{p.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp')
 
 # %% ../../nbs/00a_files.ipynb #22114ca0
-def _fsync_dir(d: Path):
-    "Make a rename in folder `d` durable (a no-op where folders cannot be opened)."
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def fsync(*paths):
+    """Flush files or folders to the disk, so that what names them next (a rename, `latest`) survives a reboot. A file
+    that cannot be synced is an error; a folder that cannot be opened or synced (some file systems) is passed over."""
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            if Path(p).is_file():
+                raise
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            if not Path(p).is_dir():
+                raise
+        finally:
+            os.close(fd)
 
 # %% ../../nbs/00a_files.ipynb #ae0e586f
 @contextlib.contextmanager
@@ -81,7 +86,7 @@ def atomic_writer(p, first_wins: bool = False):
                 os.replace(tmp, p)  # no hard links on this file system: the last writer wins
         else:
             os.replace(tmp, p)
-        _fsync_dir(p.parent)
+        fsync(p.parent)
     except WriteError:
         raise
     except OSError as e:

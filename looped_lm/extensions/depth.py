@@ -20,7 +20,7 @@ from ..measure.diagnostics import diagnose, EVAL_TOKENS
 from ..measure.diagnostics import checkpoint_id, DIAG_VERSION
 from ..studies.variants import VARIANTS, Variant, check_seeds
 from ..studies.runner import check_device, check_workers, check_spawn_guard, grid_dirs, job_data
-from ..studies.runner import run_study_jobs, study_lock
+from ..studies.runner import check_lock_wait, run_jobs, study_lock
 from .horizon import keep_checkpoint, load_kept, read_records, put_record, cached_record
 
 # %% auto #0
@@ -261,7 +261,7 @@ def _depth_one(job: dict) -> str:
     return state
 
 # %% ../../nbs/06d_depth.ipynb #7ede4016
-from ..studies.claims import measures, claims, claims_markdown
+from ..studies.claims import measures, evaluate_claims, claims_markdown
 from ..studies.tables import to_markdown
 
 
@@ -378,7 +378,7 @@ def official_claims(records: list, arm: str, step: int) -> dict:
         for r in records
         if r['arm'] == arm and r['step'] == step and r['variant'] in OFFICIAL
     ]
-    return claims(recs)
+    return evaluate_claims(recs)
 
 
 def _gated(r1: dict, claim: dict) -> dict:
@@ -687,7 +687,7 @@ def run_depth(
     lock_wait: float = 600.0,
 ) -> list:
     "Train and measure what is missing of the grid, publish every run's records, rebuild its tables; the records."
-    plan = check_depth(grid, out_dir, fig_dir, device, workers)
+    plan, lock_wait = check_depth(grid, out_dir, fig_dir, device, workers), check_lock_wait(lock_wait)
     check_spawn_guard(plan.workers)
     data = prepare_data(plan.base, data_dir=data_dir, verbose=progress)
     if progress:
@@ -712,7 +712,7 @@ def run_depth(
     ]
     from looped_lm.extensions import depth as mod  # the exported work function: what a spawned worker can import
 
-    run_study_jobs(jobs, mod._depth_one, plan.workers, plan.device, lock_wait)
+    run_jobs(jobs, mod._depth_one, plan.workers, plan.device, lock_wait)
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     with study_lock(plan.out_dir):
         records = plan_records(plan, data)

@@ -21,7 +21,14 @@ from ..core.config import ExperimentConfig, ConfigError, load_preset, named_choi
 from ..training.train import lr_at, resolve_device, train, TrainingError
 from ..studies.variants import VARIANTS, GROUPS, check_variants, check_seeds
 from looped_lm.studies.runner import (
-    check_device, check_workers, grid_dirs, check_spawn_guard, job_data, run_study_jobs, study_lock
+    check_device,
+    check_lock_wait,
+    check_workers,
+    grid_dirs,
+    check_spawn_guard,
+    job_data,
+    run_jobs,
+    study_lock,
 )
 from safetensors.torch import load_model
 from ..training.data import prepare_data
@@ -55,9 +62,16 @@ PAPER_CLOCK = {  # each candidate clock's value at the end of the paper's runs
 PAPER_DRIFT_RMS = {k: v / math.sqrt(PAPER_WIDTH[k]) for k, v in PAPER_DRIFT.items()}  # ‖H_K‖ as RMS (L2 / √d)
 
 # %% ../../nbs/06c_horizon.ipynb #c00046cb
-def synthetic_horizon(law: str = 'lr_steps', lrs=(1e-2, 3e-3), steps=(50, 100, 200, 400, 800, 1600, 3000),
-                      seeds=(0, 1, 2), exponent: float = 0.6, noise: float = 0.01, batch_tokens: int = 1024,
-                      variants=(AT_RISK, 'perloop-raw')) -> pd.DataFrame:
+def synthetic_horizon(
+    law: str = 'lr_steps',
+    lrs=(1e-2, 3e-3),
+    steps=(50, 100, 200, 400, 800, 1600, 3000),
+    seeds=(0, 1, 2),
+    exponent: float = 0.6,
+    noise: float = 0.01,
+    batch_tokens: int = 1024,
+    variants=(AT_RISK, 'perloop-raw'),
+) -> pd.DataFrame:
     "A horizon table whose norms follow A·clock^exponent on clock `law` (seed noise `noise`); the tests' ground truth."
     rng, rows = np.random.default_rng(0), []
     for v in variants:
@@ -85,13 +99,16 @@ def collapse_spread(df: pd.DataFrame, variant: str = AT_RISK, clock: str = 'lr_s
     "How well the lrs' seed-mean ln(value) trajectories of `variant` collapse on `clock`: spread, points, noise."
     d = df[(df.variant == variant) & (df[value] > 0) & (df[clock] > 0)].assign(y=lambda x: np.log(x[value]))
     trajs = {lr: g.groupby(clock).y.mean().sort_index() for lr, g in d.groupby('lr')}
-    pairs = [_pair_spread(trajs[a], trajs[b]) for i, a in enumerate(trajs) for b in list(trajs)[i + 1:]]
+    pairs = [_pair_spread(trajs[a], trajs[b]) for i, a in enumerate(trajs) for b in list(trajs)[i + 1 :]]
     ok = [(s, n) for s, n in pairs if np.isfinite(s)]
     noise = d.groupby(['lr', 'step']).y.std(ddof=1).mean() if d.seed.nunique() > 1 else float('nan')
     return dict(
-        variant=variant, clock=clock, lrs=len(trajs),
+        variant=variant,
+        clock=clock,
+        lrs=len(trajs),
         spread=float(np.mean([s for s, _ in ok])) if ok else float('nan'),
-        points=int(sum(n for _, n in ok)), noise=float(noise),
+        points=int(sum(n for _, n in ok)),
+        noise=float(noise),
     )
 
 # %% ../../nbs/06c_horizon.ipynb #1fd07848
@@ -113,8 +130,16 @@ def collapse_test(df: pd.DataFrame, variants=(AT_RISK, 'perloop-raw'), clocks=CL
             verdict = 'refuted'
         else:
             verdict = 'undecided'
-        rows.append(dict(variant=v, **{f'spread {c}': sp[c] for c in clocks},
-                         points=r[clocks[0]]['points'], noise=r[clocks[0]]['noise'], best=best, verdict=verdict))
+        rows.append(
+            dict(
+                variant=v,
+                **{f'spread {c}': sp[c] for c in clocks},
+                points=r[clocks[0]]['points'],
+                noise=r[clocks[0]]['noise'],
+                best=best,
+                verdict=verdict,
+            )
+        )
     return pd.DataFrame(rows).set_index('variant') if rows else pd.DataFrame()
 
 # %% ../../nbs/06c_horizon.ipynb #419da033
@@ -165,28 +190,58 @@ def _seed_fit(d: pd.DataFrame, clock: str, value: str, split_step: int) -> dict:
     "One seed's fit on the early checkpoints, its in-sample and out-of-sample RMS errors of ln(value)."
     h = fit_holdout(d[clock], d[value], d.step <= split_step)
     f = h['fit']
-    return dict(exponent=f['exponent'], intercept=f['intercept'], n_early=h['n_in'], n_late=h['n_out'],
-                err_in=h['err_in'], err_out=h['err_out'], fit=f)
+    return dict(
+        exponent=f['exponent'],
+        intercept=f['intercept'],
+        n_early=h['n_in'],
+        n_late=h['n_out'],
+        err_in=h['err_in'],
+        err_out=h['err_out'],
+        fit=f,
+    )
 
 # %% ../../nbs/06c_horizon.ipynb #08294c37
 def drift_law(df: pd.DataFrame, split_step: int, variant: str = AT_RISK, clock: str = 'lr_steps') -> dict:
     "Per-seed early fits of ln‖H_K‖ on ln clock, their out-of-sample error, and the carry to the paper's clocks."
     d = df[(df.variant == variant) & (df.norm > 0) & (df[clock] > 0)]
-    seeds = {s: _seed_fit(g, clock, 'norm', split_step) for s, g in d.groupby('seed')
-             if g[g.step <= split_step][clock].nunique() >= 2}
+    seeds = {
+        s: _seed_fit(g, clock, 'norm', split_step)
+        for s, g in d.groupby('seed')
+        if g[g.step <= split_step][clock].nunique() >= 2
+    }
     if not seeds:
         raise ValueError(f"drift_law: no seed of {variant} has two early checkpoints (step <= {split_step}) to fit.")
     width = float((d.norm / d.norm_rms).median())  # √d: L2 = RMS x √d
     per = pd.DataFrame({s: {k: v for k, v in f.items() if k != 'fit'} for s, f in seeds.items()}).T
-    out = dict(variant=variant, clock=clock, split_step=split_step, seeds=per, sqrt_d=width,
-               exponent=t_interval(per.exponent), err_in=float(per.err_in.mean()), err_out=float(per.err_out.mean()))
+    out = dict(
+        variant=variant,
+        clock=clock,
+        split_step=split_step,
+        seeds=per,
+        sqrt_d=width,
+        exponent=t_interval(per.exponent),
+        err_in=float(per.err_in.mean()),
+        err_out=float(per.err_out.mean()),
+    )
     out['usable'] = bool(out['err_out'] < math.log(2))
     carry = []
     for scale, at in PAPER_CLOCK[clock].items():
         ln = [np.log(f['fit']['predict'](at)[0]) for f in seeds.values()]
         m, lo, hi = (float(np.exp(v)) for v in t_interval(ln))
-        carry.append(dict(scale=scale, clock=at, rms=m / width, rms_lo=lo / width, rms_hi=hi / width,
-                          paper_rms=PAPER_DRIFT_RMS[scale], l2=m, l2_lo=lo, l2_hi=hi, paper_l2=PAPER_DRIFT[scale]))
+        carry.append(
+            dict(
+                scale=scale,
+                clock=at,
+                rms=m / width,
+                rms_lo=lo / width,
+                rms_hi=hi / width,
+                paper_rms=PAPER_DRIFT_RMS[scale],
+                l2=m,
+                l2_lo=lo,
+                l2_hi=hi,
+                paper_l2=PAPER_DRIFT[scale],
+            )
+        )
     out['carry'] = pd.DataFrame(carry).set_index('scale')
     return out
 
@@ -221,11 +276,21 @@ class HorizonGrid:
 # %% ../../nbs/06c_horizon.ipynb #0aaccb9e
 HORIZON_GRIDS = {
     'tiny': HorizonGrid(
-        'smoke', 32, ((3e-3, (AT_RISK, 'perloop-raw')), (1e-3, (AT_RISK, 'perloop-raw'))), (0, 1),
-        overrides=dict(log_every=4), first=4, measure_tokens=1024, radial_tokens=256, publish=False,
+        'smoke',
+        32,
+        ((3e-3, (AT_RISK, 'perloop-raw')), (1e-3, (AT_RISK, 'perloop-raw'))),
+        (0, 1),
+        overrides=dict(log_every=4),
+        first=4,
+        measure_tokens=1024,
+        radial_tokens=256,
+        publish=False,
     ),
     'cpu': HorizonGrid(
-        'cpu', 3000, ((1e-2, tuple(GROUPS['official'])), (3e-3, (AT_RISK, 'perloop-raw'))), (0, 1, 2),
+        'cpu',
+        3000,
+        ((1e-2, tuple(GROUPS['official'])), (3e-3, (AT_RISK, 'perloop-raw'))),
+        (0, 1, 2),
         overrides=dict(d_model=64, log_every=50),
     ),
 }
@@ -323,9 +388,18 @@ def check_horizon(grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto',
     steps = tuple(checkpoint_steps(spec.first, spec.steps, spec.ratio))
     out, fig = grid_dirs('horizon', name, name == 'custom', spec.publish, out_dir, fig_dir)
     jobs = [
-        HorizonJob(lr, v, s, VARIANTS[v].config(base.replace(lr=lr)).replace(seed=s),
-                   out / 'runs' / horizon_run_name(lr, v, s), out / 'kept' / horizon_run_name(lr, v, s), steps)
-        for lr, vs in arms for v in vs for s in seeds
+        HorizonJob(
+            lr,
+            v,
+            s,
+            VARIANTS[v].config(base.replace(lr=lr)).replace(seed=s),
+            out / 'runs' / horizon_run_name(lr, v, s),
+            out / 'kept' / horizon_run_name(lr, v, s),
+            steps,
+        )
+        for lr, vs in arms
+        for v in vs
+        for s in seeds
     ]
     n = check_workers(workers, len(jobs), dev)
     spec = dataclasses.replace(spec, arms=tuple((lr, tuple(v)) for lr, v in arms), seeds=tuple(seeds))
@@ -375,8 +449,15 @@ def measure_checkpoint(ckpt_dir, cfg: ExperimentConfig, data, tokens: int, radia
     plain = loop_scores(spec, ids, ce_chunk=cfg.ce_chunk, **kw)
     ce, scores, norms, d = plain
     clamp = clamp_modes(spec, ids, ce_chunk=cfg.ce_chunk, plain=plain, **kw)
-    radial = radial_fractions(model, ids[: radial_tokens + 1], max_batches=None, loss=cfg.loss,
-                              norm_penalty=cfg.norm_penalty, ce_chunk=cfg.ce_chunk, **kw)
+    radial = radial_fractions(
+        model,
+        ids[: radial_tokens + 1],
+        max_batches=None,
+        loss=cfg.loss,
+        norm_penalty=cfg.norm_penalty,
+        ce_chunk=cfg.ce_chunk,
+        **kw,
+    )
     policy, granularity = HALT_POLICY
     return dict(
         width=d,
@@ -420,8 +501,10 @@ def keep_checkpoint(job: HorizonJob, step: int) -> Path:
     "Copy the weights of the run's newest checkpoint, which must be step `step`, to `keep_dir/ckpt-<step>/`."
     ck = latest_checkpoint(job.run_dir)
     if ck is None or ck.name != f'ckpt-{step:06d}':
-        raise RunDirError(f"{job.run_dir}: expected its newest checkpoint at step {step}, found {ck}; "
-                          f"delete {job.run_dir} and {job.keep_dir} to train that run again.")
+        raise RunDirError(
+            f"{job.run_dir}: expected its newest checkpoint at step {step}, found {ck}; "
+            f"delete {job.run_dir} and {job.keep_dir} to train that run again."
+        )
     verify_checkpoint(ck)  # its content hashes: a damaged checkpoint is never kept
     dst = job.keep_dir / ck.name
     dst.mkdir(parents=True, exist_ok=True)
@@ -437,8 +520,17 @@ def measure_step(job: HorizonJob, step: int, data, tokens: int, radial_tokens: i
         return r
     t0 = time.time()
     diag = measure_checkpoint(ck, job.cfg, data, tokens, radial_tokens, device)
-    rec = dict(key, run=job.run_dir.name, lr=job.lr, variant=job.variant, seed=job.seed, step=step,
-               clock=clock_of(job.cfg, step), diag=diag, seconds=time.time() - t0)
+    rec = dict(
+        key,
+        run=job.run_dir.name,
+        lr=job.lr,
+        variant=job.variant,
+        seed=job.seed,
+        step=step,
+        clock=clock_of(job.cfg, step),
+        diag=diag,
+        seconds=time.time() - t0,
+    )
     put_record(path, rec)
     return rec
 
@@ -510,12 +602,24 @@ def horizon_seconds(plan: HorizonPlan, timing: dict, reference: ExperimentConfig
     per_step = train_flops(reference) / reference.steps
     train_s = sum(timing['step_s'] * train_flops(j.cfg) / per_step for j in plan.jobs)
     measure_s = timing['measure_s'] * sum(len(j.steps) for j in plan.jobs)
-    return dict(train_s=train_s, measure_s=measure_s, total_s=train_s + measure_s, runs=len(plan.jobs),
-                checkpoints=sum(len(j.steps) for j in plan.jobs))
+    return dict(
+        train_s=train_s,
+        measure_s=measure_s,
+        total_s=train_s + measure_s,
+        runs=len(plan.jobs),
+        checkpoints=sum(len(j.steps) for j in plan.jobs),
+    )
 
 # %% ../../nbs/06c_horizon.ipynb #f9e6c713
-def measure_step_seconds(cfg: ExperimentConfig, data, steps: int = 40, warmup: int = 5, tokens: int = 16384,
-                         radial_tokens: int = 4096, folder=None) -> dict:
+def measure_step_seconds(
+    cfg: ExperimentConfig,
+    data,
+    steps: int = 40,
+    warmup: int = 5,
+    tokens: int = 16384,
+    radial_tokens: int = 4096,
+    folder=None,
+) -> dict:
     "Seconds per optimiser step of `cfg` on this process's threads (after `warmup` steps), and of one measurement."
     folder, n = Path(folder or tempfile.mkdtemp(prefix='horizon-time-')), warmup + steps
     try:
@@ -554,45 +658,94 @@ def analyse(plan: HorizonPlan, table: pd.DataFrame, states: list = ()) -> Horizo
     except ValueError:
         law = None
     variants = [v for v in (AT_RISK, 'perloop-raw') if v in set(table.get('variant', []))]
-    return Horizon(plan, list(states), table, collapse_test(table, variants) if len(table) else pd.DataFrame(),
-                   dose_response(table) if len(table) else pd.DataFrame(), law)
+    return Horizon(
+        plan,
+        list(states),
+        table,
+        collapse_test(table, variants) if len(table) else pd.DataFrame(),
+        dose_response(table) if len(table) else pd.DataFrame(),
+        law,
+    )
 
 # %% ../../nbs/06c_horizon.ipynb #8212b8e4
 def write_horizon(res: Horizon):
     "The table and the analyses into the study folder (CSV with every column, Markdown to read)."
     out, t = res.plan.out_dir, res.table
     write_atomic(out / 'horizon.csv', t.to_csv(index=False))
-    cols = ['lr_steps', 'norm', 'norm_rms', 'growth', 'radial', 'gain', 'clamp freeze_loop1', 'clamp remove_radial',
-            'hill', 'p99/median', 'halt loops', 'c6']
+    cols = [
+        'lr_steps',
+        'norm',
+        'norm_rms',
+        'growth',
+        'radial',
+        'gain',
+        'clamp freeze_loop1',
+        'clamp remove_radial',
+        'hill',
+        'p99/median',
+        'halt loops',
+        'c6',
+    ]
     if len(t):
-        write_atomic(out / 'horizon.md', to_markdown(t.set_index(['lr', 'variant', 'seed', 'step'])[
-            [c for c in cols if c in t]]))
+        write_atomic(
+            out / 'horizon.md', to_markdown(t.set_index(['lr', 'variant', 'seed', 'step'])[[c for c in cols if c in t]])
+        )
     for name, df in (('collapse', res.collapse), ('dose', res.dose)):
         write_atomic(out / f'{name}.md', to_markdown(df) if len(df) else 'no result yet\n')
     law = res.law
-    text = 'no fit yet\n' if law is None else (
-        f"clock {law['clock']}, fitted on steps <= {law['split_step']}: exponent {law['exponent'][0]:.3f} "
-        f"(95% over seeds {law['exponent'][1]:.3f} to {law['exponent'][2]:.3f}); error in-sample "
-        f"{law['err_in']:.3f}, out-of-sample {law['err_out']:.3f} (usable: {law['usable']})\n\n"
-        + to_markdown(law['seeds']) + '\n' + to_markdown(law['carry']))
+    text = (
+        'no fit yet\n'
+        if law is None
+        else (
+            f"clock {law['clock']}, fitted on steps <= {law['split_step']}: exponent {law['exponent'][0]:.3f} "
+            f"(95% over seeds {law['exponent'][1]:.3f} to {law['exponent'][2]:.3f}); error in-sample "
+            f"{law['err_in']:.3f}, out-of-sample {law['err_out']:.3f} (usable: {law['usable']})\n\n"
+            + to_markdown(law['seeds'])
+            + '\n'
+            + to_markdown(law['carry'])
+        )
+    )
     write_atomic(out / 'drift.md', text)
 
 # %% ../../nbs/06c_horizon.ipynb #732d904e
-def run_horizon(grid='tiny', out_dir=None, fig_dir=None, data_dir=None, device: str = 'auto', workers: int = None,
-                progress: bool = True, lock_wait: float = 600.0) -> Horizon:
+def run_horizon(
+    grid='tiny',
+    out_dir=None,
+    fig_dir=None,
+    data_dir=None,
+    device: str = 'auto',
+    workers: int = None,
+    progress: bool = True,
+    lock_wait: float = 600.0,
+) -> Horizon:
     "Train and measure what is missing of the grid (the studies' shared runner), then write table and analyses."
-    plan = check_horizon(grid, out_dir, fig_dir, device, workers)
+    plan, lock_wait = check_horizon(grid, out_dir, fig_dir, device, workers), check_lock_wait(lock_wait)
     check_spawn_guard(plan.workers)
     data = prepare_data(plan.base, data_dir=data_dir, verbose=progress)
     if progress:
-        print(f"horizon study {plan.grid}: {len(plan.jobs)} runs x {len(plan.jobs[0].steps)} checkpoints in "
-              f"{plan.out_dir}, {plan.workers} worker(s)", flush=True)
+        print(
+            f"horizon study {plan.grid}: {len(plan.jobs)} runs x {len(plan.jobs[0].steps)} checkpoints in "
+            f"{plan.out_dir}, {plan.workers} worker(s)",
+            flush=True,
+        )
     tokens = (plan.spec.measure_tokens, plan.spec.radial_tokens)
-    jobs = [dict(label=j.label, run_dir=j.keep_dir, cfg=j.cfg, job=j, data=data, data_dir=data_dir, tokens=tokens,
-                 device=plan.device, progress=progress) for j in plan.jobs]
+    jobs = [
+        dict(
+            label=j.label,
+            run_dir=j.keep_dir,
+            cfg=j.cfg,
+            job=j,
+            data=data,
+            data_dir=data_dir,
+            tokens=tokens,
+            device=plan.device,
+            progress=progress,
+        )
+        for j in plan.jobs
+    ]
     from looped_lm.extensions import horizon as mod  # the exported work function: what a spawned worker can import
 
-    states = run_study_jobs(jobs, mod._horizon_one, plan.workers, plan.device, lock_wait)
+    states = run_jobs(jobs, mod._horizon_one, plan.workers, plan.device, lock_wait)
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     with study_lock(plan.out_dir):
         res = analyse(plan, horizon_table(plan_records(plan, data)), states)

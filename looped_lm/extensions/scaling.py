@@ -20,7 +20,13 @@ import pandas as pd
 from ..core.files import write_atomic
 from ..training.rundir import load_run, RunDirError, read_json, latest_checkpoint, run_status
 from looped_lm.measure.diagnostics import (
-    eval_exits, token_norms, norm_stats, DIAG_VERSION, radial_scale_of, checkpoint_id, matches_key
+    eval_exits,
+    token_norms,
+    norm_stats,
+    DIAG_VERSION,
+    radial_scale_of,
+    checkpoint_id,
+    matches_key,
 )
 from ..measure.radial import radial_fractions
 from ..measure.protocol import as_spec
@@ -30,7 +36,7 @@ from ..model.looped import LoopedLM, num_params
 from ..training.train import train, TrainingError, resolve_device
 from ..studies.variants import VARIANTS, check_variants, check_seeds
 from ..studies.tables import to_markdown
-from ..studies.runner import check_device, grid_dirs, job_data, run_study_jobs, study_lock
+from ..studies.runner import check_device, check_lock_wait, grid_dirs, job_data, run_jobs, study_lock
 from .growth import fit_growth, growth_row, fit_sentence, carry_sentence
 import matplotlib.pyplot as plt
 import seaborn as sns
@@ -40,8 +46,8 @@ from ..studies.figures import STYLE, palette, save, check_fig_dir
 from .growth import PAPER_DRIFT, PAPER_TOKENS
 
 # %% auto #0
-__all__ = ['AXES', 'GRIDS', 'MD_COLUMNS', 'Grid', 'estimate_seconds', 'Plan', 'measure_run', 'check_scaling', 'growth_table',
-           'reading', 'Scaling', 'run_scaling', 'read_markdown_table', 'published_table', 'fig_scaling_drift',
+__all__ = ['AXES', 'GRIDS', 'MD_COLUMNS', 'Grid', 'estimate_seconds', 'ScalingPlan', 'measure_run', 'check_scaling',
+           'growth_table', 'reading', 'Scaling', 'run_scaling', 'published_table', 'fig_scaling_drift',
            'fig_scaling_axes', 'draw_scaling']
 
 # %% ../../nbs/06a_scaling.ipynb #9e3cef37
@@ -253,7 +259,7 @@ def scaling_run_dir(out_dir, point: str, variant: str, seed: int) -> Path:
 
 # %% ../../nbs/06a_scaling.ipynb #97352b7d
 @dataclass
-class Plan:
+class ScalingPlan:
     "A validated scaling study: what to train and where everything goes. Nothing is created on disk until it runs."
 
     grid: str
@@ -384,7 +390,7 @@ def scaling_dirs(name: str, spec: Grid, preset: str = None, out_dir=None, fig_di
     return grid_dirs('scaling', key, name == 'custom', spec.publish, out_dir, fig_dir)
 
 # %% ../../nbs/06a_scaling.ipynb #74504fa3
-def check_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, device: str = 'auto') -> Plan:
+def check_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, device: str = 'auto') -> ScalingPlan:
     "Every run of the study (point x variant x seed) with its config, and every path, checked before any folder exists."
     name, spec = named_choice(grid, GRIDS, Grid, 'grid')
     base = load_preset(preset or spec.preset, **spec.overrides)
@@ -409,7 +415,7 @@ def check_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, d
         for v in variants
         for s in seeds
     ]
-    return Plan(name, spec, base, points, jobs, out, fig, dev)
+    return ScalingPlan(name, spec, base, points, jobs, out, fig, dev)
 
 # %% ../../nbs/06a_scaling.ipynb #b3eac479
 def train_job(job: Job, data, progress: bool = True) -> str:
@@ -437,7 +443,7 @@ def _scale_one(job: dict) -> str:
     return state
 
 # %% ../../nbs/06a_scaling.ipynb #91d9f3b8
-def job_row(job: Job, plan: Plan, data, measure: bool = True) -> dict:
+def job_row(job: Job, plan: ScalingPlan, data, measure: bool = True) -> dict:
     "One row of the table: what the run is, its status and (when it finished, and `measure`) its measurement."
     cfg, st = job.cfg, run_status(job.run_dir)
     row = dict(
@@ -484,12 +490,12 @@ def add_c6(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(c6=df.apply(c6, axis=1) if len(df) else [])
 
 
-def scaling_table(plan: Plan, data, measure: bool = True) -> pd.DataFrame:
+def scaling_table(plan: ScalingPlan, data, measure: bool = True) -> pd.DataFrame:
     "Every point x variant x seed of the plan as one tidy frame (measuring what is finished and not measured yet)."
     return add_c6(pd.DataFrame([job_row(j, plan, data, measure) for j in plan.jobs]))
 
 # %% ../../nbs/06a_scaling.ipynb #32942147
-def axis_rows(df: pd.DataFrame, axis: str, plan: Plan) -> pd.DataFrame:
+def axis_rows(df: pd.DataFrame, axis: str, plan: ScalingPlan) -> pd.DataFrame:
     "The rows of one axis, the centre's included (with the centre's value on that axis), in the axis's order."
     centre = AXES[axis].centre(plan.base)
     rows = df[(df.axis == axis) | (df.axis == 'centre')].copy()
@@ -498,7 +504,7 @@ def axis_rows(df: pd.DataFrame, axis: str, plan: Plan) -> pd.DataFrame:
     return rows.assign(_o=rows.value.map(order)).sort_values('_o', kind='stable').drop(columns='_o')
 
 # %% ../../nbs/06a_scaling.ipynb #850715f5
-def growth_table(df: pd.DataFrame, plan: Plan) -> tuple:
+def growth_table(df: pd.DataFrame, plan: ScalingPlan) -> tuple:
     "({variant: fit}, frame): per variant, the drift's power-law fit on the budget axis and its value at PAPER_TOKENS."
     if 'budget' not in plan.spec.axes:
         return {}, pd.DataFrame()
@@ -532,7 +538,7 @@ def wall_seconds(df: pd.DataFrame) -> float:
     return float(np.nansum(df[cols].to_numpy(dtype=float))) if cols and len(df) else float('nan')
 
 
-def study_title(plan: Plan, df: pd.DataFrame) -> str:
+def study_title(plan: ScalingPlan, df: pd.DataFrame) -> str:
     "One line naming the grid, its centre, the finished runs and the wall time (the figures' and the reading's title)."
     return (
         f"{plan.grid} grid ({plan.base.name} centre, d={plan.base.d_model}, K={plan.base.K}): "
@@ -545,7 +551,7 @@ def _span(s: pd.Series) -> str:
     return '–' if not len(s) else (n(s.iloc[0]) if len(s) == 1 else f"{n(s.min())} to {n(s.max())}")
 
 # %% ../../nbs/06a_scaling.ipynb #5e23ef07
-def _fit_sentences(done: pd.DataFrame, plan: Plan, fits: dict) -> list:
+def _fit_sentences(done: pd.DataFrame, plan: ScalingPlan, fits: dict) -> list:
     "Per variant the drift exponent with its 95% interval; the at-risk fit at the paper's budget, labelled a guess."
     out = [fit_sentence(v, f) for v, f in fits.items()]
     if AT_RISK in fits:
@@ -553,7 +559,7 @@ def _fit_sentences(done: pd.DataFrame, plan: Plan, fits: dict) -> list:
     return out
 
 # %% ../../nbs/06a_scaling.ipynb #4d17f1d9
-def _margin_sentences(done: pd.DataFrame, plan: Plan) -> list:
+def _margin_sentences(done: pd.DataFrame, plan: ScalingPlan) -> list:
     "The claims' margins over the grid's points: C1's drift ratio, C2's radial fractions, the gains, C6."
     ctl = [v for v in plan.spec.variants if v != AT_RISK]
     p = done.pivot_table(index='point', columns='variant', values=['norm', 'radial', 'gain', 'c6'], aggfunc='mean')
@@ -583,7 +589,7 @@ def _margin_sentences(done: pd.DataFrame, plan: Plan) -> list:
     return out
 
 # %% ../../nbs/06a_scaling.ipynb #341541aa
-def reading(df: pd.DataFrame, plan: Plan, fits: dict) -> str:
+def reading(df: pd.DataFrame, plan: ScalingPlan, fits: dict) -> str:
     "The result in sentences with numbers: growth per variant, the extrapolation (a guess), the claims' margins."
     done = df[df.status == 'done']
     out = [f"**{study_title(plan, df)}.**"]
@@ -603,7 +609,7 @@ def reading(df: pd.DataFrame, plan: Plan, fits: dict) -> str:
 class Scaling:
     "A finished (or partly finished) scaling study: its plan, table, fits, growth table and reading."
 
-    plan: Plan
+    plan: ScalingPlan
     table: pd.DataFrame
     fits: dict
     growth: pd.DataFrame
@@ -611,28 +617,39 @@ class Scaling:
 
 
 MD_COLUMNS = [
-    'status', 'tokens', 'd_model', 'K', 'recipe', 'norm', 'radial', 'radial predicted', 'ppl@1', 'ppl@K', 'gain', 'c6'
+    'status',
+    'tokens',
+    'd_model',
+    'K',
+    'recipe',
+    'norm',
+    'radial',
+    'radial predicted',
+    'ppl@1',
+    'ppl@K',
+    'gain',
+    'c6',
 ]
 
 # %% ../../nbs/06a_scaling.ipynb #665085cd
 def write_results(res: Scaling):
-    "Table, fits and reading in the study folder (CSV: every column); the Markdown tables also beside the figures."
+    "Per-run table (CSV: every column; Markdown: for reading), fits and reading, in the study folder and the figures'."
     out, t = res.plan.out_dir, res.table
-    write_atomic(out / 'scaling.csv', t.to_csv(index=False))
-    write_atomic(out / 'growth.csv', res.growth.to_csv())
-    write_atomic(out / 'reading.md', res.reading + '\n')
     md = t.set_index(['point', 'variant', 'seed'])[[c for c in MD_COLUMNS if c in t]]
     for folder in dict.fromkeys([out, Path(res.plan.fig_dir)]):  # a published grid's folder (committed) holds them too
         folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / 'scaling.csv', t.to_csv(index=False))
         write_atomic(folder / 'scaling.md', to_markdown(md))
-        if len(res.growth):
-            write_atomic(folder / 'growth.md', to_markdown(res.growth))
-        else:
-            (folder / 'growth.md').unlink(missing_ok=True)  # never left over from an earlier study of this folder
+        for name, text in (('growth.csv', res.growth.to_csv()), ('growth.md', to_markdown(res.growth))):
+            if len(res.growth):
+                write_atomic(folder / name, text)
+            else:
+                (folder / name).unlink(missing_ok=True)  # never left over from an earlier study of this folder
+    write_atomic(out / 'reading.md', res.reading + '\n')
 
 # %% ../../nbs/06a_scaling.ipynb #b7c1d2ea
-def scaling_jobs(plan: Plan, data, data_dir=None, progress: bool = True) -> list:
-    "The job dicts of the studies' shared runner (`run_study_jobs`) for every run of `plan`, for `_scale_one`."
+def scaling_jobs(plan: ScalingPlan, data, data_dir=None, progress: bool = True) -> list:
+    "The job dicts of the studies' shared runner (`run_jobs`) for every run of `plan`, for `_scale_one`."
     tokens = (plan.spec.measure_tokens, plan.spec.radial_tokens)
     return [
         dict(
@@ -661,7 +678,7 @@ def run_scaling(
     lock_wait: float = 600.0,
 ) -> Scaling:
     "Train what is missing of the grid and measure it (the studies' shared runner), then write table, fits and reading."
-    plan = check_scaling(grid, preset, out_dir, fig_dir, device)
+    plan, lock_wait = check_scaling(grid, preset, out_dir, fig_dir, device), check_lock_wait(lock_wait)
     data = prepare_data(plan.base, data_dir=data_dir, verbose=progress)
     if progress:
         print(
@@ -670,7 +687,7 @@ def run_scaling(
             f"{_wall(estimate_seconds([j.cfg for j in plan.jobs]))} on this machine's 2 cores if none is done",
             flush=True,
         )
-    run_study_jobs(scaling_jobs(plan, data, data_dir, progress), _scale_one, 1, plan.device, lock_wait)
+    run_jobs(scaling_jobs(plan, data, data_dir, progress), _scale_one, 1, plan.device, lock_wait)
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     with study_lock(plan.out_dir):
         table = scaling_table(plan, data)
@@ -680,32 +697,16 @@ def run_scaling(
     return res
 
 # %% ../../nbs/06a_scaling.ipynb #5637287c
-def read_markdown_table(path) -> pd.DataFrame:
-    "A table as `to_markdown` wrote it (numbers rounded for reading: '1,228,800', '1.50e-10', '–' for none)."
-    lines = [line for line in Path(path).read_text().splitlines() if line.startswith('|')]
-    cells = [[c.strip().replace(r'\|', '|') for c in line.strip().strip('|').split(' | ')] for line in lines]
-    df = pd.DataFrame(cells[2:], columns=cells[0])
-
-    def number(s: str):
-        try:
-            return float('nan') if s == '–' else float(s.replace(',', ''))
-        except ValueError:
-            return s
-
-    return df.apply(lambda col: col.map(number))
-
-
-def published_table(plan: Plan, folder) -> pd.DataFrame:
-    "A grid's committed `scaling.md` in `folder` as `scaling_table` would give it (3 digits), with the plan's columns."
-    df = read_markdown_table(Path(folder) / 'scaling.md')
-    key = df.pop('point / variant / seed').str.split(' / ', expand=True)
-    df.insert(0, 'point', key[0])
-    df.insert(1, 'variant', key[1])
-    df.insert(2, 'seed', key[2].astype(int))
+def published_table(plan: ScalingPlan, folder) -> pd.DataFrame:
+    "A grid's committed per-run record `scaling.csv` in `folder` as `scaling_table` gives it, with the plan's columns."
+    path = Path(folder) / 'scaling.csv'
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist: pass the folder a grid's figures were written to (`fig_dir`).")
+    df = pd.read_csv(path)
     jobs = {(j.point.name, j.variant, j.seed): j for j in plan.jobs}
     found = [jobs.get(k) for k in zip(df.point, df.variant, df.seed)]
     if None in found:
-        raise ConfigError(f"{folder}/scaling.md lists runs that the {plan.grid} grid does not have; pass its own grid.")
+        raise ConfigError(f"{path} lists runs that the {plan.grid} grid does not have; pass its own grid.")
     params = [num_params(LoopedLM(LoopedLMConfig.from_experiment(j.cfg))) for j in found]
     return df.assign(axis=[j.point.axis for j in found], value=[j.point.value for j in found], params=params)
 
@@ -731,7 +732,7 @@ def _fit_lines(ax, ax2, r, f, colour):
     ax2.scatter(r.tokens, r.norm, color=colour, s=12)
 
 # %% ../../nbs/06a_scaling.ipynb #cc692d7b
-def fig_scaling_drift(df: pd.DataFrame, plan: Plan, fits: dict):
+def fig_scaling_drift(df: pd.DataFrame, plan: ScalingPlan, fits: dict):
     "(a) final-loop norm vs training tokens, log-log, with the power-law fits; (b) the fits carried out (a guess)."
     sns.set_theme(**STYLE)
     b = axis_rows(df, 'budget', plan)
@@ -775,7 +776,7 @@ MEASURES = [
 ]
 
 
-def _panel(ax, rows, axis: str, col: str, plan: Plan, pal: dict):
+def _panel(ax, rows, axis: str, col: str, plan: ScalingPlan, pal: dict):
     "One measure along one axis, one line per variant (seed mean)."
     xkey, cats = 'tokens' if axis == 'budget' else 'value', list(dict.fromkeys(rows.value)) if axis == 'lr_wd' else None
     for v in check_variants(list(plan.spec.variants)):
@@ -795,7 +796,7 @@ def _panel(ax, rows, axis: str, col: str, plan: Plan, pal: dict):
         ax.xaxis.set_minor_formatter(NullFormatter())
 
 # %% ../../nbs/06a_scaling.ipynb #b1b10511
-def fig_scaling_axes(df: pd.DataFrame, plan: Plan):
+def fig_scaling_axes(df: pd.DataFrame, plan: ScalingPlan):
     "One column per axis, one row per measure: how each changes along each axis, per variant (seed mean)."
     sns.set_theme(**STYLE)
     axes, pal = list(plan.spec.axes), palette(list(plan.spec.variants))

@@ -26,8 +26,10 @@ def save_run(run_dir, folder, data_dir=None, **config_kwargs) -> Path:
     data = prepare_data(cfg, data_dir=data_dir, verbose=False)
     rec = read_json(Path(run_dir) / 'data.json', {})
     if rec.get('fingerprint') not in (None, data.fingerprint):
-        raise RunDirError(f"{run_dir} was trained on token data {rec['fingerprint']}, but its preset's tokenizer now "
-                          f"gives {data.fingerprint}: rebuild the run's data (same corpus, LOOPED_LM_DATA) first.")
+        raise RunDirError(
+            f"{run_dir} was trained on token data {rec['fingerprint']}, but its preset's tokenizer now "
+            f"gives {data.fingerprint}: rebuild the run's data (same corpus, LOOPED_LM_DATA) first."
+        )
     return save_transformers(model, folder, tokenizer=data.tokenizer, **config_kwargs)
 
 # %% ../../nbs/07b_lm_eval.ipynb #01358bb7
@@ -84,8 +86,17 @@ def write_task(folder, corpus: str = 'wikitext-2-v1', split: str = 'test') -> Pa
     return folder
 
 # %% ../../nbs/07b_lm_eval.ipynb #156ad968
-def harness_scores(model, tokenizer, max_length: int, task: str = 'looped_wikitext', split: str = 'test',
-                   limit: int = None, batch_size: int = 32, task_dir=None, corpus: str = 'wikitext-2-v1') -> dict:
+def harness_scores(
+    model,
+    tokenizer,
+    max_length: int,
+    task: str = 'looped_wikitext',
+    split: str = 'test',
+    limit: int = None,
+    batch_size: int = 32,
+    task_dir=None,
+    corpus: str = 'wikitext-2-v1',
+) -> dict:
     "The harness's metrics of `model` on `task` (HFLM, rolling windows of `max_length`) and its loglikelihoods."
     import tempfile
     from lm_eval import simple_evaluate
@@ -95,8 +106,15 @@ def harness_scores(model, tokenizer, max_length: int, task: str = 'looped_wikite
     task_dir = write_task(task_dir or tempfile.mkdtemp(), corpus, split)
     with contextlib.redirect_stderr(io.StringIO()):  # the harness's progress bars, one per batch of windows
         lm = HFLM(pretrained=model, tokenizer=tokenizer, max_length=max_length, batch_size=batch_size)
-        r = simple_evaluate(model=lm, tasks=[task], task_manager=TaskManager(include_path=str(task_dir)),
-                            limit=limit, log_samples=True, bootstrap_iters=0, verbosity='ERROR')
+        r = simple_evaluate(
+            model=lm,
+            tasks=[task],
+            task_manager=TaskManager(include_path=str(task_dir)),
+            limit=limit,
+            log_samples=True,
+            bootstrap_iters=0,
+            verbosity='ERROR',
+        )
     metrics = {k.split(',')[0]: v for k, v in r['results'][task].items() if k.endswith(',none')}
     lls = [s['resps'][0][0] for s in r['samples'][task]]
     return dict(metrics, loglikelihoods=lls)
@@ -121,11 +139,11 @@ def rolling_nll(model, docs: list, prefix_id: int, L: int, exit_k: int = None, b
     rows = []  # (doc, input ids, targets, scored)
     for d, ids in enumerate(docs):
         full = [prefix_id] + list(ids)
-        rows += [(d, full[s:e], full[s + 1:e + 1], m) for s, e, m in rolling_windows(len(ids), L)]
+        rows += [(d, full[s:e], full[s + 1 : e + 1], m) for s, e, m in rolling_windows(len(ids), L)]
     nll = [0.0] * len(docs)
     device = next(model.parameters()).device
     for i in range(0, len(rows), batch_size):
-        chunk = rows[i:i + batch_size]
+        chunk = rows[i : i + batch_size]
         T = max(len(x) for _, x, _, _ in chunk)
         x = torch.tensor([xs + [0] * (T - len(xs)) for _, xs, _, _ in chunk], device=device)  # causal: pads unseen
         logp = F.log_softmax(model(x, exit_k=exit_k).logits.double(), -1)
@@ -141,21 +159,30 @@ def stream_ce(model, tokens, seq_len: int, exit_k: int = None, batch_size: int =
     n = (len(tokens) - 1) // seq_len
     idx = np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)
     w = torch.from_numpy(np.asarray(tokens)[idx].astype(np.int64))
-    ce = [F.cross_entropy(model(x[:, :-1], exit_k=exit_k).logits.double().flatten(0, 1), x[:, 1:].flatten(),
-                          reduction='none') for x in w.split(batch_size)]
+    ce = [
+        F.cross_entropy(
+            model(x[:, :-1], exit_k=exit_k).logits.double().flatten(0, 1), x[:, 1:].flatten(), reduction='none'
+        )
+        for x in w.split(batch_size)
+    ]
     return w[:, 1:].flatten().numpy(), torch.cat(ce).numpy()
 
 # %% ../../nbs/07b_lm_eval.ipynb #1a050976
-def compare_bpb(model, tokens, docs: list, eot_id: int, n_bytes: int, seq_len: int, harness_bpb: float = None,
-                exit_k: int = None) -> list:
+def compare_bpb(
+    model, tokens, docs: list, eot_id: int, n_bytes: int, seq_len: int, harness_bpb: float = None, exit_k: int = None
+) -> list:
     "Rows (what, bits per byte, change from the row before) from our tables' number to the harness's protocol."
     ys, ce = stream_ce(model, tokens, seq_len, exit_k)
     to_bpb = 1 / n_bytes / math.log(2)
     docs_nll = sum(rolling_nll(model, docs, eot_id, seq_len, exit_k))
-    rows = [('ours, as reported (stream, EOT targets, mean x tokens)', ce.mean() * len(tokens) * to_bpb),
-            ('ours, EOT targets left out', ce[ys != eot_id].sum() * to_bpb),
-            ('ours, document by document (the harness windows)', docs_nll * to_bpb)]
+    rows = [
+        ('ours, as reported (stream, EOT targets, mean x tokens)', ce.mean() * len(tokens) * to_bpb),
+        ('ours, EOT targets left out', ce[ys != eot_id].sum() * to_bpb),
+        ('ours, document by document (the harness windows)', docs_nll * to_bpb),
+    ]
     if harness_bpb is not None:
         rows.append(('lm-evaluation-harness (HFLM, looped_wikitext)', harness_bpb))
-    return [dict(what=w, bpb=float(b), change=None if i == 0 else float(b - rows[i - 1][1]))
-            for i, (w, b) in enumerate(rows)]
+    return [
+        dict(what=w, bpb=float(b), change=None if i == 0 else float(b - rows[i - 1][1]))
+        for i, (w, b) in enumerate(rows)
+    ]

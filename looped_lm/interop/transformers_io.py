@@ -18,20 +18,41 @@ __all__ = ['PY_PATTERN', 'ONIG_PATTERN', 'ONIG_SKIPPED', 'LoopedLMHFConfig', 'ch
            'LoopedLMForCausalLM', 'from_looped', 'save_transformers', 'fast_tokenizer']
 
 # %% ../../nbs/07a_transformers.ipynb #04159aa3
-_CHOICES = dict(readout=('rmsnorm', 'layernorm', 'raw', 'final_norm'), recurrence=('plain', 'internorm'),
-                mlp=('gelu', 'swiglu'))
+_CHOICES = dict(
+    readout=('rmsnorm', 'layernorm', 'raw', 'final_norm'), recurrence=('plain', 'internorm'), mlp=('gelu', 'swiglu')
+)
 
 
 class LoopedLMHFConfig(PretrainedConfig):
     "`LoopedLMConfig`'s fields as a `transformers` config, plus `exit_k`: the loop read out by default (None: K)."
 
     model_type = 'looped-lm'
-    attribute_map = dict(hidden_size='d_model', num_attention_heads='n_heads', num_hidden_layers='n_layers',
-                         max_position_embeddings='max_seq_len')
+    attribute_map = dict(
+        hidden_size='d_model',
+        num_attention_heads='n_heads',
+        num_hidden_layers='n_layers',
+        max_position_embeddings='max_seq_len',
+    )
 
-    def __init__(self, vocab_size=512, d_model=64, n_layers=1, n_heads=2, mlp_ratio=4.0, max_seq_len=64, K=4,
-                 readout='rmsnorm', recurrence='plain', tie_weights=True, norm_eps=1e-6, mlp='gelu', dropout=0.0,
-                 init='gpt2', exit_k=None, **kwargs):
+    def __init__(
+        self,
+        vocab_size=512,
+        d_model=64,
+        n_layers=1,
+        n_heads=2,
+        mlp_ratio=4.0,
+        max_seq_len=64,
+        K=4,
+        readout='rmsnorm',
+        recurrence='plain',
+        tie_weights=True,
+        norm_eps=1e-6,
+        mlp='gelu',
+        dropout=0.0,
+        init='gpt2',
+        exit_k=None,
+        **kwargs,
+    ):
         self.vocab_size, self.d_model, self.n_layers, self.n_heads = vocab_size, d_model, n_layers, n_heads
         self.mlp_ratio, self.max_seq_len, self.K, self.norm_eps = mlp_ratio, max_seq_len, K, norm_eps
         self.readout, self.recurrence, self.mlp, self.dropout, self.init = readout, recurrence, mlp, dropout, init
@@ -86,8 +107,11 @@ class MLP(nn.Module):
 
     def forward(self, x):
         "The MLP of `x`."
-        return _drop(self.proj(F.silu(self.fc(x)) * self.gate(x) if self.swiglu else F.gelu(self.fc(x))),
-                     self.dropout, self.training)
+        return _drop(
+            self.proj(F.silu(self.fc(x)) * self.gate(x) if self.swiglu else F.gelu(self.fc(x))),
+            self.dropout,
+            self.training,
+        )
 
 # %% ../../nbs/07a_transformers.ipynb #1f4c37f1
 class Block(nn.Module):
@@ -150,10 +174,13 @@ def _loops(model, input_ids, k_max: int) -> list:
     "[H_0, H_1, ..., H_k_max] of `input_ids`."
     c, T = model.config, input_ids.shape[1]
     if T > c.max_seq_len:
-        raise ValueError(f"A sequence of {T} tokens is longer than the model's context max_seq_len={c.max_seq_len}: "
-                         f"use at most {c.max_seq_len} positions (lm-eval: max_length={c.max_seq_len} or less).")
-    h = _drop(model.tok_emb(input_ids) + model.pos_emb(torch.arange(T, device=input_ids.device)), c.dropout,
-              model.training)
+        raise ValueError(
+            f"A sequence of {T} tokens is longer than the model's context max_seq_len={c.max_seq_len}: "
+            f"use at most {c.max_seq_len} positions (lm-eval: max_length={c.max_seq_len} or less)."
+        )
+    h = _drop(
+        model.tok_emb(input_ids) + model.pos_emb(torch.arange(T, device=input_ids.device)), c.dropout, model.training
+    )
     hidden = [h]
     for k in range(1, k_max + 1):
         if k > 1 and c.recurrence == 'internorm':
@@ -164,22 +191,34 @@ def _loops(model, input_ids, k_max: int) -> list:
     return hidden
 
 # %% ../../nbs/07a_transformers.ipynb #f5b00b10
-def _forward(self, input_ids=None, attention_mask=None, labels=None, exit_k: int = None,
-             output_exit_logits: bool = False, output_hidden_states: bool = None, return_dict: bool = None, **kwargs):
+def _forward(
+    self,
+    input_ids=None,
+    attention_mask=None,
+    labels=None,
+    exit_k: int = None,
+    output_exit_logits: bool = False,
+    output_hidden_states: bool = None,
+    return_dict: bool = None,
+    **kwargs,
+):
     "Logits at loop `exit_k` (default: the config's, else K); per-exit logits with `output_exit_logits=True`."
     k_max = check_exit(exit_k, self.config.K) or self.config.exit_k or self.config.K
     if input_ids is None:
         raise ValueError("LoopedLMForCausalLM needs input_ids (it has no inputs_embeds path).")
     if attention_mask is not None and not bool(attention_mask.all()):
-        raise ValueError("LoopedLMForCausalLM has no padding mask: pass sequences of one length without padding "
-                         "(or pad on the right and ignore those positions).")
+        raise ValueError(
+            "LoopedLMForCausalLM has no padding mask: pass sequences of one length without padding "
+            "(or pad on the right and ignore those positions)."
+        )
     hidden = _loops(self, input_ids, k_max)
     logits = self.readout(hidden[-1], k_max)
     loss = None
     if labels is not None:
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-    out = CausalLMOutputWithPast(loss=loss, logits=logits,
-                                 hidden_states=tuple(hidden) if output_hidden_states else None)
+    out = CausalLMOutputWithPast(
+        loss=loss, logits=logits, hidden_states=tuple(hidden) if output_hidden_states else None
+    )
     if output_exit_logits:
         out['exit_logits'] = tuple(self.readout(h, k) for k, h in enumerate(hidden[1:], 1))
     return out
@@ -197,8 +236,9 @@ AutoModelForCausalLM.register(LoopedLMHFConfig, LoopedLMForCausalLM, exist_ok=Tr
 def from_looped(model, **config_kwargs) -> LoopedLMForCausalLM:
     "The `LoopedLMForCausalLM` of a `LoopedLM` (same weights, eval mode); `config_kwargs`: e.g. `exit_k`, token ids."
     if not (dataclasses.is_dataclass(getattr(model, 'config', None)) and hasattr(model, 'state_dict')):
-        raise TypeError(f"from_looped needs a looped_lm LoopedLM (e.g. LoopedLM.from_run(run_dir)), got "
-                        f"{type(model).__name__}.")
+        raise TypeError(
+            f"from_looped needs a looped_lm LoopedLM (e.g. LoopedLM.from_run(run_dir)), got {type(model).__name__}."
+        )
     hf = LoopedLMForCausalLM(LoopedLMHFConfig(**dataclasses.asdict(model.config), **config_kwargs))
     hf.load_state_dict(model.state_dict(), strict=True)
     return hf.to(next(model.parameters()).device).eval()
@@ -228,13 +268,17 @@ def _regex_fast(tok):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     if tok.pattern != PY_PATTERN:
-        raise ValueError(f"Only the official pattern {PY_PATTERN!r} has a fast twin, not {tok.pattern!r}: "
-                         "tokenize with looped_lm.training.text.RegexTokenizer.")
+        raise ValueError(
+            f"Only the official pattern {PY_PATTERN!r} has a fast twin, not {tok.pattern!r}: "
+            "tokenize with looped_lm.training.text.RegexTokenizer."
+        )
     t = Tokenizer(models.WordLevel({s: i for i, s in enumerate(tok.itos)}, unk_token='<unk>'))
-    t.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(ONIG_SKIPPED), behavior='removed'),
-        pre_tokenizers.Split(Regex(ONIG_PATTERN), behavior='isolated'),
-    ])
+    t.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(ONIG_SKIPPED), behavior='removed'),
+            pre_tokenizers.Split(Regex(ONIG_PATTERN), behavior='isolated'),
+        ]
+    )
     t.decoder = decoders.Fuse()
     return t
 
@@ -248,8 +292,10 @@ def fast_tokenizer(tok, max_length: int = None) -> PreTrainedTokenizerFast:
         specials = dict(pad_token='<pad>', bos_token='<bos>', eos_token='<eos>')  # not <unk>: text '<unk>' is 3 tokens
         return PreTrainedTokenizerFast(tokenizer_object=_regex_fast(tok), **specials, **kw)
     if not hasattr(tok, 'get_added_tokens_decoder'):
-        raise TypeError(f"fast_tokenizer needs a tokenizers.Tokenizer (BPE) or a looped_lm RegexTokenizer, got "
-                        f"{type(tok).__name__}: pass TokenData.tokenizer (looped_lm.training.data.prepare_data).")
+        raise TypeError(
+            f"fast_tokenizer needs a tokenizers.Tokenizer (BPE) or a looped_lm RegexTokenizer, got "
+            f"{type(tok).__name__}: pass TokenData.tokenizer (looped_lm.training.data.prepare_data)."
+        )
     eot = '<|endoftext|>'  # looped_lm.training.text.EOT, the document separator of the BPE streams
     if tok.token_to_id(eot) is None:
         raise ValueError(f"This BPE tokenizer has no {eot} token: it is not one looped_lm trained.")

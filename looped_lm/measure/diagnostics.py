@@ -23,8 +23,17 @@ import torch.nn as nn
 from ..training.data import bits_per_byte, word_perplexity
 from ..core.files import write_atomic
 from looped_lm.measure.protocol import (
-    LoopSpecError, as_spec, run_loops, token_windows, CLAMPS, clamp_refusal, readout_pieces, token_ce, checked_spec,
-    IGNORED_STATE, guarded_spec
+    LoopSpecError,
+    as_spec,
+    run_loops,
+    token_windows,
+    CLAMPS,
+    clamp_refusal,
+    readout_pieces,
+    token_ce,
+    checked_spec,
+    IGNORED_STATE,
+    guarded_spec,
 )
 from .halting import loop_scores, adaptive_halting
 from .radial import radial_fractions, angular_updates
@@ -195,7 +204,7 @@ def eval_exits(
     "Per exit k=1..K: CE, perplexity, bits per byte, word perplexity and the number of scored targets of `tokens`."
     spec = guarded_spec(spec, tokens, seq_len, device)
     tot, n = np.zeros(spec.K), 0
-    for x, y in token_windows(tokens, seq_len, batch_size, max_batches, device):
+    for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
         hidden, ctx = run_loops(spec, x, spec.K)
         for k, h in enumerate(hidden, 1):
             tot[k - 1] += token_ce(spec, h, ctx, k, y, ce_chunk).double().sum().item()
@@ -253,7 +262,7 @@ def exit_throughput(model, tokens, batch_size=8, seq_len=64, repeats=5, max_batc
             LoopedLM(LoopedLMConfig.from_experiment(model)).to(device).eval()
         )  # FLOPs and speed do not depend on the weights
     spec, cfg = guarded_spec(model, tokens, seq_len, device), _looped_config(model)
-    bs = list(token_windows(tokens, seq_len, batch_size, max_batches, device))
+    bs = list(token_windows(tokens, batch_size, seq_len, max_batches, device))
     secs = _exit_seconds(spec, bs, repeats, warmup, device)
     n = sum(x.numel() for x, _ in bs)
     res = []
@@ -377,7 +386,7 @@ def clamp_modes(
     if plain is not None and 'none' in modes:
         ce, _, l2, d = plain
         acc = {'none': np.stack([ce.sum((1, 2)), l2.sum((1, 2)), l2.sum((1, 2)) / math.sqrt(d)], 1), **acc}
-    for x, y in token_windows(tokens, seq_len, batch_size, max_batches, device):
+    for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
         _clamp_sums(spec, x, y, run, acc, ce_chunk)
         n += y.numel()
     if plain is not None:
@@ -395,7 +404,7 @@ def scale_sensitivity(
     "CE and perplexity of the final readout with H_K multiplied by alpha (flat for a scale-invariant readout)."
     spec = guarded_spec(spec, tokens, seq_len, device)
     tot, n = np.zeros(len(alphas)), 0
-    for x, y in token_windows(tokens, seq_len, batch_size, max_batches, device):
+    for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
         hidden, ctx = run_loops(spec, x, spec.K)
         for i, a in enumerate(alphas):
             tot[i] += token_ce(spec, a * hidden[-1], ctx, spec.K, y, ce_chunk).double().sum().item()
@@ -409,7 +418,7 @@ def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=
     mean ||du||*s_k (float64)."""
     spec = guarded_spec(spec, tokens, seq_len, device)
     acc, nb = np.zeros((loops - 1, 4)), 0
-    for x, _ in token_windows(tokens, seq_len, batch_size, max_batches, device):
+    for x, _ in token_windows(tokens, batch_size, seq_len, max_batches, device):
         hid = [h.double() for h in run_loops(spec, x, loops)[0]]
         rms = [h.pow(2).mean(-1, keepdim=True).sqrt() for h in hid]
         u = [h / r for h, r in zip(hid, rms)]
@@ -480,9 +489,20 @@ def _exits(spec, splits: dict, units: dict, max_batches, ce_chunk: int, kw: dict
 
 # %% ../../nbs/03c_diagnostics.ipynb #03206adb
 def diagnose(
-    model, data, batch_size: int = 8, seq_len: int = 64, K: int = None, max_batches: int = None, device='cpu',
-    loss: str = 'perloop', norm_penalty: float = 0.0, ce_chunk: int = 0, few_tokens: int = 8192, lemma_loops: int = 30,
-    halting_target: float = 1.01, subset_tokens: int = 40960,
+    model,
+    data,
+    batch_size: int = 8,
+    seq_len: int = 64,
+    K: int = None,
+    max_batches: int = None,
+    device='cpu',
+    loss: str = 'perloop',
+    norm_penalty: float = 0.0,
+    ce_chunk: int = 0,
+    few_tokens: int = 8192,
+    lemma_loops: int = 30,
+    halting_target: float = 1.01,
+    subset_tokens: int = 40960,
 ) -> DiagnosticReport:
     "Every diagnostic of a `LoopedLM` or `LoopSpec` on token ids; a part the spec cannot do is skipped with its reason."
     spec = as_spec(model) if K is None else dataclasses.replace(as_spec(model), K=K)

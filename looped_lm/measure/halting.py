@@ -56,7 +56,7 @@ def loop_scores(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device
     all read it)."""
     spec = guarded_spec(spec, tokens, seq_len, device)
     ces, scs, nrm, d = [], {p: [] for p in POLICIES}, [], None
-    for x, y in token_windows(tokens, seq_len, batch_size, max_batches, device):
+    for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
         hidden, ctx = run_loops(spec, x, spec.K)
         per = [token_ce(spec, h, ctx, k, y, ce_chunk, scores=halting_scores) for k, h in enumerate(hidden, 1)]
         ces.append(torch.stack([c for c, _ in per]).cpu())
@@ -211,7 +211,7 @@ def halting_speed(
     "Measured speed-up of sequence-level halting that really drops exited sequences, against fixed depth (no assert)."
     spec = guarded_spec(spec, tokens, seq_len, device)
     rule = halting_policy(policy, threshold, spec.K, 'sequence')
-    bs = list(token_windows(tokens, seq_len, batch_size, max_batches, device))
+    bs = list(token_windows(tokens, batch_size, seq_len, max_batches, device))
     secs, out = _timed_rounds(
         dict(fixed=lambda: _fixed_ce(spec, bs, ce_chunk), dynamic=lambda: _dynamic_total(spec, bs, rule, ce_chunk)),
         repeats,

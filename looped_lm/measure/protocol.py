@@ -243,9 +243,9 @@ def slice_context(spec, ctx, rows, like: torch.Tensor):
     return take(ctx)
 
 # %% ../../nbs/03_protocol.ipynb #e667ca5e
-def token_windows(ids, seq_len: int, batch_size: int, max_batches: int = None, device='cpu'):
+def token_windows(ids, batch_size: int, seq_len: int, max_batches: int = None, device='cpu'):
     """(x, y) batches of every consecutive window of `seq_len` tokens of the 1-D ids `ids` (tensor, array or list;
-    y = x shifted by one): `data.eval_batches` on plain ids, the last batch possibly smaller."""
+    y = x shifted by one): `training.data.eval_batches`, same arguments, on any ids; the last batch may be smaller."""
     ids = (ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)).reshape(-1)
     if seq_len < 1 or batch_size < 1:
         raise LoopSpecError(f"seq_len and batch_size must be >= 1, got {seq_len} and {batch_size}.")
@@ -493,7 +493,7 @@ def checked_spec(spec, tokens, targets=None) -> dict:
 def guarded_spec(obj, tokens, seq_len: int, device='cpu', K: int = None) -> LoopSpec:
     "The spec of `obj` (run for `K` loops if given), checked once per spec object on the first window of `tokens`."
     spec = as_spec(obj) if K is None else dataclasses.replace(as_spec(obj), K=K)
-    x, y = next(iter(token_windows(tokens, seq_len, 2, 1, device)))
+    x, y = next(iter(token_windows(tokens, 2, seq_len, 1, device)))
     checked_spec(spec, x, y)  # raises LoopSpecError, naming the cause, before any expensive work
     return spec
 

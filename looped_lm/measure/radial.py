@@ -135,7 +135,7 @@ def radial_fractions(
     K, acc, n, dtypes = spec.K, np.zeros((spec.K, 3)), 0, set()
     lem = [dict(scale=[], rho=[], ratio=[], t=[]) for _ in range(K)]
     with torch.enable_grad(), float64_spec(spec):
-        for x, y in token_windows(tokens, seq_len, batch_size, max_batches, device):
+        for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
             hidden, ctx = run_loops(spec, x, K, grad=True)  # each H_k is the very tensor fed to step k+1
             dtypes.update(str(h.dtype).replace('torch.', '') for h in hidden)
             ces, outs = _readout_ces(spec, hidden, ctx, y, ce_chunk)
@@ -158,7 +158,7 @@ def angular_updates(model, tokens, batch_size=8, seq_len=64, max_batches=4, devi
     spec = guarded_spec(model, tokens, seq_len, device, K)
     rows = {k: [] for k in range(2, spec.K + 1)}
     with float64_spec(spec):
-        for x, _ in token_windows(tokens, seq_len, batch_size, max_batches, device):
+        for x, _ in token_windows(tokens, batch_size, seq_len, max_batches, device):
             hid = [h.double() for h in run_loops(spec, x, spec.K)[0]]
             for k in rows:
                 a, b = hid[k - 2], hid[k - 1]

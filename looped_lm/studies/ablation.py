@@ -16,15 +16,15 @@ from ..training.train import resolve_device
 from ..training.rundir import run_status, read_metrics
 from ..measure.diagnostics import diagnose_run, exit_throughput
 from ..measure.diagnostics import current_report, DIAG_VERSION
-from .runner import EXECUTORS, check_executor, plan_study, prepare_once, run_jobs
+from .runner import EXECUTORS, check_executor, check_lock_wait, cost_plan, prepare_once, submit_jobs
 from .variants import VARIANTS, check_seeds, check_variants
 from .tables import write_tables, read_throughput
 from .claims import write_claims
-from .runner import repo_root, shown, check_folder, check_spawn_guard, job_data
-from .runner import run_study_jobs, study_lock, check_device, check_workers
+from .runner import repo_root, repo_relative, check_folder, check_spawn_guard, job_data
+from .runner import run_jobs, study_lock, check_device, check_workers
 
 # %% auto #0
-__all__ = ['STUDY_EXECUTORS', 'collect', 'run_ablation']
+__all__ = ['collect', 'run_ablation']
 
 # %% ../../nbs/04d_ablation.ipynb #171ecc3c
 @dataclass
@@ -188,9 +188,6 @@ def _mark_locked(records: list, states: list, out_dir) -> list:
             r.pop('diag', None)
     return records
 
-# %% ../../nbs/04d_ablation.ipynb #e3a1f0c2
-STUDY_EXECUTORS = ('inprocess', *EXECUTORS)  # inprocess: here, in `workers` processes; the others: submitit jobs
-
 # %% ../../nbs/04d_ablation.ipynb #b253d642
 def as_flag(value, what: str) -> bool:
     "`value` as a bool: True/False, or the strings 'True'/'False' (papermill's `-p` and the shell)."
@@ -203,8 +200,8 @@ def as_flag(value, what: str) -> bool:
 
 def check_study_executor(executor, plan_only: bool, gpus_per_job, timeout_min) -> bool:
     "Whether the study's runs go elsewhere (submitit jobs, or only planned); an impossible executor is refused."
-    if executor not in STUDY_EXECUTORS:
-        raise ConfigError(f"executor must be one of {', '.join(STUDY_EXECUTORS)}; got {executor!r}.")
+    if executor not in EXECUTORS:
+        raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)}; got {executor!r}.")
     if executor != 'inprocess' and not plan_only:
         check_executor(executor, gpus_per_job, timeout_min)  # sbatch, GPU count, time limit: before any work
     return executor != 'inprocess' or plan_only
@@ -212,15 +209,15 @@ def check_study_executor(executor, plan_only: bool, gpus_per_job, timeout_min) -
 # %% ../../nbs/04d_ablation.ipynb #e3a1f0c5
 def _run_as_jobs(st: Study, jobs: list, executor: str, data_dir, plan_only: bool, opts: dict):
     "The plan of `jobs`, printed before any spend; unless `plan_only`, every run as a submitit job: their outcomes."
-    plan = plan_study(jobs)
+    plan = cost_plan(jobs)
     print(plan, flush=True)
     if plan_only:
         return plan
     from looped_lm.studies import ablation as mod  # the exported `_run_one`: what a job can import
 
     prepared = prepare_once(jobs, data_dir=data_dir)  # every job, done ones too: re-diagnosed if outdated, else at once
-    return run_jobs(
-        mod._run_one, jobs, executor, st.study_dir / 'jobs', max_parallel=st.workers, prepared=prepared, **opts
+    return submit_jobs(
+        jobs, mod._run_one, executor, st.study_dir / 'jobs', max_parallel=st.workers, prepared=prepared, **opts
     )
 
 
@@ -238,18 +235,18 @@ def _announce(st: Study, jobs: list, executor: str, plan_only: bool, on_jobs: bo
     how = 'planned' if plan_only else f"{st.workers} worker(s)" if not on_jobs else f"{executor} jobs"
     print(
         f"study: {len(jobs)} runs of {st.preset} ({', '.join(st.variants)} x seeds {st.seeds}), {how}; "
-        f"results in {shown(st.study_dir)}",
+        f"results in {repo_relative(st.study_dir)}",
         flush=True,
     )
 
 
 def _study_states(st: Study, jobs: list, outcomes, device, lock_wait: float) -> list:
-    "Each run's final state: its job's (`outcomes` of submitit jobs), else trained here by `run_study_jobs`."
+    "Each run's final state: its job's (`outcomes` of submitit jobs), else trained here by `run_jobs`."
     if outcomes is not None:
         return [o.state for o in outcomes]
     from looped_lm.studies import ablation as mod  # the exported `_run_one`: what a spawned worker can import
 
-    return run_study_jobs(jobs, mod._run_one, st.workers, device, lock_wait)
+    return run_jobs(jobs, mod._run_one, st.workers, device, lock_wait)
 
 
 def _publish_locked(st: Study, states: list, outcomes, device, data) -> list:
@@ -280,12 +277,13 @@ def run_ablation(
     **job_options,
 ):
     """Train what is missing, diagnose every run, then (under the study lock) write records, tables and claims.
-    `executor` 'local', 'slurm' or 'debug': one submitit job per run (`job_options`: `run_jobs`' gpus_per_job,
+    `executor` 'local', 'slurm' or 'debug': one submitit job per run (`job_options`: `submit_jobs`' gpus_per_job,
     timeout_min, partition, slurm_options), at most `workers` at once. `plan_only`: print the plan, return it."""
     plan_only = as_flag(plan_only, 'plan_only')
     opts = dict(dict(gpus_per_job=1, timeout_min=24 * 60), **job_options)
     on_jobs = check_study_executor(executor, plan_only, opts['gpus_per_job'], opts['timeout_min'])
     st = check_params(preset, variants, seeds, out_dir, device, fig_dir, workers, on_jobs)
+    lock_wait = check_lock_wait(lock_wait)
     data = None if on_jobs else prepare_data(st.cfg, data_dir=data_dir)  # the token cache, before any worker starts
     dev = None if on_jobs else str(resolve_device(st.cfg))  # None: each job's machine decides
     jobs = study_jobs(st, data, data_dir, dev, max_eval_batches, progress)

@@ -7,7 +7,9 @@ verdict, written as `claims.json` and `claims.md`."""
 # %% ../../nbs/04c_claims.ipynb #55e7d67e
 from __future__ import annotations
 import json, math, numbers
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 import numpy as np
 from ..measure.protocol import CLAMPS
 from ..measure.radial import unaligned_cos
@@ -19,7 +21,7 @@ from .variants import VARIANTS
 from .tables import dig, _md, read_run_records, read_throughput, write_tables
 
 # %% auto #0
-__all__ = ['MARGINS', 'CLAIMS', 'claims', 'write_claims', 'rebuild']
+__all__ = ['MARGINS', 'CLAIMS', 'Claim', 'evaluate_claims', 'write_claims', 'rebuild']
 
 # %% ../../nbs/04c_claims.ipynb #41a37bd4
 MARGINS = dict(
@@ -46,7 +48,6 @@ def _roles(names, per_loop_only=False) -> tuple:
     "(at-risk, scale-controlled) among `names`; at risk: only scale-invariant readouts, plain loop, no penalty."
     ns = [n for n in names if VARIANTS[n].per_loop or not per_loop_only]
     return [n for n in ns if not VARIANTS[n].scale_controlled], [n for n in ns if VARIANTS[n].scale_controlled]
-
 
 # %% ../../nbs/04c_claims.ipynb #87754a5d
 HALT_POLICY = ('logit_margin', 'sequence')  # Table 8's default policy (adaptive_halt_benchmark.py), per sequence
@@ -214,74 +215,93 @@ def _c7(m, names):
     return dict(numbers=num, holds=min(c) - max(a) >= MARGINS['halting'])
 
 # %% ../../nbs/04c_claims.ipynb #335e194b
-# (title, statement, test, per-loop variants only, measures shown per variant: a key ending in @ names a family)
+@dataclass(frozen=True)
+class Claim:
+    "A claim: title, statement (its margins read from `MARGINS`), test, per-loop variants only, measures it shows."
+
+    title: str
+    statement: str
+    test: Callable
+    per_loop: bool
+    measures: tuple  # shown per variant; a key ending in @ names a family (ppl@1, ppl@2, ...)
+
+
+def _m(key: str, form: str = 'g') -> str:
+    "A margin as its statement writes it: 5, 0.5 (form 'g'), 1e-4 (form 'e'), 1% (form '%')."
+    x = MARGINS[key]
+    return f"{x:.0e}".replace('e-0', 'e-') if form == 'e' else f"{x:.0%}" if form == '%' else f"{x:g}"
+
+
 CLAIMS = {
-    'C1': (
+    'C1': Claim(
         'drift',
-        'every at-risk variant ends with a mean ‖H_K‖ >= 5x every scale-visible control\'s; where an '
+        f"every at-risk variant ends with a mean ‖H_K‖ >= {_m('drift')}x every scale-visible control's; where an "
         'inter-loop-normalized variant ran, every at-risk ‖H_K‖/‖H_1‖ exceeds its',
         _c1,
         False,
-        ['mean', 'growth none'],
+        ('mean', 'growth none'),
     ),
-    'C2': (
+    'C2': Claim(
         'blind spot, lemma',
-        'every normalized final readout passes a radial fraction <= 1e-4, its median per-token measured/exact '
-        '(the visibility lemma\'s) in [0.5, 2]; every raw one >= 1e-2 (beside √(2/(πd)))',
+        "every normalized final readout passes a radial fraction <= "
+        f"{_m('blind_normalized', 'e')}, its median per-token measured/exact (the visibility lemma's) in "
+        f"[{_m('lemma_low')}, {_m('lemma_high')}]; every raw one >= "
+        f"{_m('blind_raw', 'e')} (beside √(2/(πd)))",
         _c2,
         False,
-        ['radial', 'radial exact', 'lemma ratio', 'lemma ratio p05', 'lemma ratio p95', '|cot| median', 'radial scale'],
+        ('radial', 'radial exact', 'lemma ratio', 'lemma ratio p05', 'lemma ratio p95', '|cot| median', 'radial scale'),
     ),
-    'C3': (
+    'C3': Claim(
         'K-invariance',
-        'per-loop variants: every scale-controlled one gains >= 3x (and >= 0.01 nats) more from '
-        'exit 1 to K than any at-risk one',
+        f"per-loop variants: every scale-controlled one gains >= {_m('depth')}x (and >= {_m('depth_min')} nats) more "
+        'from exit 1 to K than any at-risk one',
         _c3,
         True,
-        ['gain'],
+        ('gain',),
     ),
-    'C4a': (
+    'C4a': Claim(
         'clamp freeze_loop1',
-        'freeze_loop1 changes every at-risk per-loop variant\'s PPL@K by <= 1%',
+        f"freeze_loop1 changes every at-risk per-loop variant's PPL@K by <= {_m('clamp', '%')}",
         _c4('freeze_loop1'),
         True,
-        ['clamp freeze_loop1', 'growth freeze_loop1', 'growth none'],
+        ('clamp freeze_loop1', 'growth freeze_loop1', 'growth none'),
     ),
-    'C4b': (
+    'C4b': Claim(
         'clamp remove_radial',
-        'remove_radial changes every at-risk per-loop variant\'s PPL@K by <= 1%',
+        f"remove_radial changes every at-risk per-loop variant's PPL@K by <= {_m('clamp', '%')}",
         _c4('remove_radial'),
         True,
-        ['clamp remove_radial', 'growth remove_radial', 'growth none'],
+        ('clamp remove_radial', 'growth remove_radial', 'growth none'),
     ),
-    'C5a': (
+    'C5a': Claim(
         'per-token scale',
-        'at-risk median per-token ‖H_K‖ >= 5x every scale-visible control\'s',
+        f"at-risk median per-token ‖H_K‖ >= {_m('drift')}x every scale-visible control's",
         _c5a,
         False,
-        ['median'],
+        ('median',),
     ),
-    'C5b': (
+    'C5b': Claim(
         'tail shape',
-        'every at-risk variant\'s Hill index of the top 1% of token norms is below HEAVY_TAIL_HILL',
+        "every at-risk variant's Hill index of the top 1% of token norms is below HEAVY_TAIL_HILL",
         _c5b,
         False,
-        ['hill', 'p99/median', 'max/median'],
+        ('hill', 'p99/median', 'max/median'),
     ),
-    'C6': (
+    'C6': Claim(
         'frontier',
-        'per-loop: every scale-controlled variant reaches a PPL <= 0.99x every at-risk one at every matched exit',
+        f"per-loop: every scale-controlled variant reaches a PPL <= {_m('frontier')}x every at-risk one at every "
+        'matched exit',
         _c6,
         True,
-        ['ppl@'],
+        ('ppl@',),
     ),
-    'C7': (
+    'C7': Claim(
         'halting',
-        'per-loop, logit_margin per sequence at 1.01x PPL: every at-risk variant exits >= 0.5 loops '
-        'earlier on average than every scale-controlled one',
+        'per-loop, logit_margin per sequence at 1.01x PPL: every at-risk variant exits >= '
+        f"{_m('halting')} loops earlier on average than every scale-controlled one",
         _c7,
         True,
-        ['halt loops', 'halt PPL ratio'],
+        ('halt loops', 'halt PPL ratio'),
     ),
 }
 
@@ -324,7 +344,14 @@ def _by_variant(views: dict, names: list, keys: list) -> dict:
 def claim_set(records, names: list) -> dict:
     "Every claim over the variants `names` of `records`: numbers and verdict on seed-averaged measures, per-seed ones."
     views, out = _views([r for r in records if r['variant'] in names]), {}
-    for cid, (title, statement, test, per_loop, keys) in CLAIMS.items():
+    for cid, claim in CLAIMS.items():
+        title, statement, test, per_loop, keys = (
+            claim.title,
+            claim.statement,
+            claim.test,
+            claim.per_loop,
+            claim.measures,
+        )
         res = {view: test(m, names) for view, m in views.items()}
         mean, seeds = res.pop('mean'), res
         held = sum(bool(r and r['holds']) for r in seeds.values())
@@ -355,7 +382,7 @@ SECTIONS = dict(
 )
 
 # %% ../../nbs/04c_claims.ipynb #56091827
-def claims(records) -> dict:
+def evaluate_claims(records) -> dict:
     "The pre-registered claims: `primary` over the study's official conditions, `extension` over all its variants."
     names = sorted({r['variant'] for r in records}, key=list(VARIANTS).index)
     official = [n for n in names if VARIANTS[n].group == 'official']
@@ -402,7 +429,7 @@ def claims_markdown(cl: dict) -> str:
 # %% ../../nbs/04c_claims.ipynb #80e7a75f
 def write_claims(records, study_dir) -> dict:
     "`claims.json` and `claims.md` of `records` into `study_dir`, each written atomically."
-    cl = claims(records)
+    cl = evaluate_claims(records)
     write_atomic(Path(study_dir) / 'claims.json', json.dumps(cl, indent=1))
     write_atomic(Path(study_dir) / 'claims.md', claims_markdown(cl))
     return cl

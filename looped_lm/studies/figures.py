@@ -25,7 +25,8 @@ from ..measure.diagnostics import radial_scale_of
 from .tables import endpoint_correlations
 
 # %% auto #0
-__all__ = ['FIGURES', 'ResultsError', 'Results', 'load_results', 'Skip', 'measured_throughput', 'FigureSet', 'make_figures']
+__all__ = ['FIGURES', 'ResultsError', 'Results', 'load_results', 'FigureSkipped', 'measured_throughput', 'FigureSet',
+           'make_figures']
 
 # %% ../../nbs/04e_figures.ipynb #ec5b1246
 class ResultsError(RuntimeError):
@@ -156,7 +157,7 @@ def save(fig, fig_dir, name) -> list:
     return paths
 
 # %% ../../nbs/04e_figures.ipynb #0e041c57
-class Skip(Exception):
+class FigureSkipped(Exception):
     "Raised by a figure function when the results hold nothing it can draw; the message says what is missing."
 
 
@@ -187,7 +188,7 @@ def _grid(n: int, w=3.0, h=2.7, cols=4, **kw):
 
 def _need(found: dict, what: str) -> dict:
     if not found:
-        raise Skip(f"no variant has {what}")
+        raise FigureSkipped(f"no variant has {what}")
     return found
 
 
@@ -280,8 +281,10 @@ def fig_norm_tail(res: Results):
 # %% ../../nbs/04e_figures.ipynb #7fd1f2b8
 def _loss_groups(runs: dict) -> list:
     "[(panel title, {variant: seeds})]: the per-loop-loss and the terminal-loss variants apart, empty groups dropped."
-    groups = [(title, {v: rs for v, rs in runs.items() if VARIANTS[v].per_loop == per_loop})
-              for title, per_loop in (('per-loop loss', True), ('terminal loss (early exits never trained)', False))]
+    groups = [
+        (title, {v: rs for v, rs in runs.items() if VARIANTS[v].per_loop == per_loop})
+        for title, per_loop in (('per-loop loss', True), ('terminal loss (early exits never trained)', False))
+    ]
     return [(t, g) for t, g in groups if g]
 
 
@@ -362,8 +365,10 @@ def fig_frontier(res: Results):
     runs = _need(res.having('exits', dict), 'per-exit perplexities')
     pal = palette(runs)
     groups = _loss_groups(runs)
-    markers = [matplotlib.lines.Line2D([], [], ls='', marker=m, color='k', mfc='none', label=f'halting: {p}')
-               for p, m in POLICY_MARKERS.items()]
+    markers = [
+        matplotlib.lines.Line2D([], [], ls='', marker=m, color='k', mfc='none', label=f'halting: {p}')
+        for p, m in POLICY_MARKERS.items()
+    ]
     fig, axs = plt.subplots(1, len(groups), figsize=(4.6 * len(groups), 3.8), squeeze=False)
     for i, (ax, (title, group)) in enumerate(zip(axs[0], groups)):
         _frontier_panel(ax, group, pal)
@@ -372,8 +377,12 @@ def fig_frontier(res: Results):
         handles = ax.get_legend_handles_labels()[0] + extra
         ax.legend(handles=handles, fontsize=7, loc='upper center', bbox_to_anchor=(0.5, -0.22), ncol=2)
     axs[0][0].set_ylabel('validation perplexity (log)')
-    fig.suptitle('Perplexity–compute frontier (labels: exit k; halting where it saves compute: filled = sequence, '
-                 'hollow = token)', fontsize=9, y=1.02)
+    fig.suptitle(
+        'Perplexity–compute frontier (labels: exit k; halting where it saves compute: filled = sequence, '
+        'hollow = token)',
+        fontsize=9,
+        y=1.02,
+    )
     return fig
 
 # %% ../../nbs/04e_figures.ipynb #11d22afd
@@ -403,8 +412,14 @@ def _floor_line(axs, runs: dict):
         fl = float32_floor(d)
         for ax in axs:
             ax.axhline(fl, color='k', ls=':', lw=1)
-        axs[0].annotate(f'float32 rounding floor (d={d}): {fl:.1e}', (0.02, fl), xycoords=('axes fraction', 'data'),
-                        fontsize=7, xytext=(0, 3), textcoords='offset points')
+        axs[0].annotate(
+            f'float32 rounding floor (d={d}): {fl:.1e}',
+            (0.02, fl),
+            xycoords=('axes fraction', 'data'),
+            fontsize=7,
+            xytext=(0, 3),
+            textcoords='offset points',
+        )
 
 # %% ../../nbs/04e_figures.ipynb #11d22afe
 def fig_radial(res: Results):
@@ -499,8 +514,16 @@ def _endpoint_scatter(ax, pts: list):
     pal = palette({p['variant'] for p in pts})
     for v in variant_order({p['variant'] for p in pts}):
         q = [p for p in pts if p['variant'] == v]
-        ax.scatter([p['gap'] for p in q], [p['log10_norm'] for p in q], color=pal[v], label=v, s=40, edgecolor='k',
-                   lw=0.5, zorder=3)
+        ax.scatter(
+            [p['gap'] for p in q],
+            [p['log10_norm'] for p in q],
+            color=pal[v],
+            label=v,
+            s=40,
+            edgecolor='k',
+            lw=0.5,
+            zorder=3,
+        )
 
 
 def _endpoint_quadrants(ax, pts: list, log_norm_threshold: float):
@@ -509,17 +532,29 @@ def _endpoint_quadrants(ax, pts: list, log_norm_threshold: float):
     gaps, ys = [p['gap'] for p in pts], [p['log10_norm'] for p in pts]
     ax.set_xlim(min(-0.45, min(gaps) - 0.2), max(10.0, 2 * max(gaps)))
     ax.set_ylim(min(ys + [log_norm_threshold]) - 0.4, max(ys + [log_norm_threshold]) + 0.4)
-    for x, y, text in ((0.02, 0.97, 'usable exits + drift'), (0.98, 0.97, 'bad exits + drift'),
-                       (0.02, 0.03, 'usable + controlled'), (0.98, 0.03, 'bad exits + controlled')):
-        ax.text(x, y, text, transform=ax.transAxes, fontsize=7, color='dimgray', ha='left' if x < 0.5 else 'right',
-                va='top' if y > 0.5 else 'bottom')
+    for x, y, text in (
+        (0.02, 0.97, 'usable exits + drift'),
+        (0.98, 0.97, 'bad exits + drift'),
+        (0.02, 0.03, 'usable + controlled'),
+        (0.98, 0.03, 'bad exits + controlled'),
+    ):
+        ax.text(
+            x,
+            y,
+            text,
+            transform=ax.transAxes,
+            fontsize=7,
+            color='dimgray',
+            ha='left' if x < 0.5 else 'right',
+            va='top' if y > 0.5 else 'bottom',
+        )
 
 # %% ../../nbs/04e_figures.ipynb #458266d4
 def fig_endpoint(res: Results, gap_threshold: float = 1.0, log_norm_threshold: float = 2.0):
     "Each (variant, seed): CE gap ln PPL@1 - ln PPL@K (symlog x) against log10 ||H_K||, with the paper's quadrants."
     pts = endpoint_points(res)
     if not pts:
-        raise Skip('no variant has exits and final-loop norms')
+        raise FigureSkipped('no variant has exits and final-loop norms')
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.axvline(gap_threshold, color='gray', ls='--', lw=0.9)
     ax.axhline(log_norm_threshold, color='gray', ls='--', lw=0.9)
@@ -528,8 +563,11 @@ def fig_endpoint(res: Results, gap_threshold: float = 1.0, log_norm_threshold: f
     c = endpoint_correlations(pts)
     ax.set_xlabel(r'CE gap $\ln PPL_1 - \ln PPL_K$ (symlog)')
     ax.set_ylabel(r'$\log_{10} \|H_K\|$')
-    ax.set_title(f"Endpoint picture (log radial vs log norm: Pearson {c['pearson']:.2f}"
-                 f", Spearman {c['spearman']:.2f}, n={c['runs']})", fontsize=8)
+    ax.set_title(
+        f"Endpoint picture (log radial vs log norm: Pearson {c['pearson']:.2f}"
+        f", Spearman {c['spearman']:.2f}, n={c['runs']})",
+        fontsize=8,
+    )
     _legend(ax)
     return fig
 
@@ -574,7 +612,7 @@ def make_figures(
         for name, draw in FIGURES.items():
             try:
                 fig = draw(res)
-            except Skip as e:
+            except FigureSkipped as e:
                 skipped[name] = str(e)
                 for p in (fig_dir / f'{name}.png', fig_dir / f'{name}.pdf'):
                     p.unlink(missing_ok=True)  # no stale figure beside fresh ones

@@ -1,4 +1,4 @@
-"""Many runs, one call, for every study: `run_study_jobs` runs job dicts here or in spawned worker processes, waits for
+"""Many runs, one call, for every study: `run_jobs` runs job dicts here or in spawned worker processes, waits for
 a run another process holds, and returns each run's state; the study lock, the `__main__` guard of a script, where
 results go."""
 
@@ -31,7 +31,7 @@ from ..training.text import SPLITS
 from ..training.rundir import run_status, RunDirError, latest_checkpoint
 
 # %% auto #0
-__all__ = ['WorkerError', 'run_study_jobs', 'expected_speed', 'DataNotReady', 'JobOutcome', 'run_jobs', 'StudyPlan', 'plan_study']
+__all__ = ['WorkerError', 'run_jobs', 'expected_speed', 'DataNotReady', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
 
 # %% ../../nbs/04a_runner.ipynb #ae478dee
 def repo_root() -> Path:
@@ -39,7 +39,7 @@ def repo_root() -> Path:
     return settings_path().resolve().parent
 
 
-def shown(path) -> str:
+def repo_relative(path) -> str:
     "`path` as printed: relative to the repository when inside it (no machine's folders in committed outputs)."
     p = Path(path).resolve()
     return str(p.relative_to(repo_root())) if p.is_relative_to(repo_root()) else str(path)
@@ -99,7 +99,6 @@ def grid_dirs(kind: str, key: str, custom: bool, publish: bool, out_dir=None, fi
     check_folder(out, 'out_dir')
     check_folder(fig, 'fig_dir')
     return out, fig
-
 
 # %% ../../nbs/04a_runner.ipynb #5b1e7c20
 class WorkerError(RuntimeError):
@@ -229,6 +228,20 @@ def _run_parallel(jobs: list, work, workers: int, device: str) -> list:
 STUDY_LOCK_WAIT = 30.0  # s: a killed papermill job's kernel exits within ~1 s (its parent poll); a study publishes in s
 
 
+def check_lock_wait(value) -> float:
+    "`lock_wait` as seconds: a finite number >= 0 (or its string from the shell), checked before any work."
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not (math.isfinite(seconds) and seconds >= 0):
+        raise ConfigError(
+            f"lock_wait must be the seconds a study waits for a run another process holds: a number >= 0, e.g. 600; "
+            f"got {value!r}."
+        )
+    return seconds
+
+
 def study_lock(out_dir, timeout: float = STUDY_LOCK_WAIT):
     "The lock on a study folder, for writing its records, tables, claims and figures; waits `timeout` s for a holder."
     return dir_lock(out_dir, what='study', wait=True, timeout=timeout)
@@ -242,10 +255,11 @@ def _lock_free(run_dir) -> bool:
         return False
 
 # %% ../../nbs/04a_runner.ipynb #8b2f1730
-def run_study_jobs(jobs: list, work, workers: int = 1, device: str = 'cpu', lock_wait: float = 600.0, poll=1.0) -> list:
+def run_jobs(jobs: list, work, workers: int = 1, device: str = 'cpu', lock_wait: float = 600.0, poll=1.0) -> list:
     """The state of each job after `work(job)` ran it (job: a dict with `label`, `run_dir`, ...; `work`: a module-level
     function), here or in `workers` processes. A run another process holds goes last: the others run first, then it is
     waited for up to `lock_wait` s; one still held then is 'locked', with a message. Shared by every study."""
+    lock_wait = check_lock_wait(lock_wait)
     jobs = [dict(j, head=j.get('head') or f"[{i}/{len(jobs)}] {j['label']}") for i, j in enumerate(jobs, 1)]
 
     def run(job):
@@ -422,13 +436,13 @@ def check_fn(fn):
     return fn
 
 # %% ../../nbs/04a_runner.ipynb #1e5ebabb
-EXECUTORS = ('local', 'slurm', 'debug')
+EXECUTORS = ('inprocess', 'local', 'slurm', 'debug')  # here, in worker processes (`run_jobs`); or submitit jobs
 
 
 def check_executor(executor: str, gpus_per_job: int, timeout_min: int):
     "Refuse an unknown executor, SLURM without `sbatch`, a bad GPU count or time limit, before anything starts."
-    if executor not in EXECUTORS:
-        raise ConfigError(f"executor must be one of {', '.join(EXECUTORS)}; got {executor!r}.")
+    if executor not in EXECUTORS[1:]:
+        raise ConfigError(f"a submitit executor must be one of {', '.join(EXECUTORS[1:])}; got {executor!r}.")
     if executor == 'slurm' and shutil.which('sbatch') is None:
         raise ConfigError(
             "executor='slurm' needs SLURM's sbatch on PATH: submit from the cluster's login node, "
@@ -546,9 +560,9 @@ def outcome(job: dict, sub) -> JobOutcome:
     return o
 
 # %% ../../nbs/04a_runner.ipynb #a0a279bd
-def run_jobs(
-    fn,
+def submit_jobs(
     jobs,
+    work,
     executor: str = 'local',
     folder='jobs',
     gpus_per_job: int = 1,
@@ -560,12 +574,12 @@ def run_jobs(
     poll_s: float = 2.0,
     verbose: bool = True,
 ) -> list:
-    "Run `fn(job)` for every job dict as a submitit job; wait; one `JobOutcome` per job, failures reported."
-    jobs, fn = check_jobs(jobs), check_fn(fn)
+    "Run `work(job)` for every job dict as a submitit job; wait; one `JobOutcome` per job, failures reported."
+    jobs, work = check_jobs(jobs), check_fn(work)
     max_parallel = max_parallel or default_parallel(gpus_per_job)
     ex = make_executor(executor, folder, gpus_per_job, timeout_min, partition, slurm_options, max_parallel)
     prepared = prepared if prepared is not None else prepare_once(jobs, verbose=verbose)
-    calls = [StudyJob(fn, j, prepared[data_key(j['cfg'])]) for j in jobs]
+    calls = [StudyJob(work, j, prepared[data_key(j['cfg'])]) for j in jobs]
     outcomes = [None] * len(jobs)
 
     def report(i, sub):
@@ -600,8 +614,8 @@ def wait_for(predicate, timeout_s: float = 120, poll_s: float = 0.02):
 
 # %% ../../nbs/04a_runner.ipynb #603f818d
 @dataclass
-class StudyPlan:
-    "Every run of a study with its state and expected cost; `to_submit`: the jobs `run_jobs` would run."
+class CostPlan:
+    "Every run of a study with its state and expected cost; `to_submit`: the jobs `submit_jobs` would run."
 
     table: pd.DataFrame
     to_submit: list = field(default_factory=list)
@@ -654,12 +668,12 @@ def _plan_row(job: dict, bench: dict) -> dict:
     )
 
 
-def plan_study(jobs, bench=None) -> StudyPlan:
+def cost_plan(jobs, bench=None) -> CostPlan:
     "Each job's state, expected GPU-hours and peak memory, the totals, and the jobs still to submit."
     jobs, bench = check_jobs(jobs), bench if isinstance(bench, dict) else load_bench(bench)
     table = pd.DataFrame([_plan_row(j, bench) for j in jobs])
     table.insert(3, 'submit', ~table.state.isin(['done', 'failed']))  # a failed run would only repeat its verdict
-    return StudyPlan(
+    return CostPlan(
         table,
         [j for j, sub in zip(jobs, table.submit) if sub],
         bench.get('machine', {}).get('gpu', 'the benchmark GPU'),

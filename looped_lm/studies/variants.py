@@ -8,7 +8,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field
 import yaml
-from ..core.config import ExperimentConfig, ConfigError
+from ..core.config import ExperimentConfig, ConfigError, check_seed_values
 
 # %% auto #0
 __all__ = ['VARIANTS', 'GROUPS', 'AT_RISK', 'Variant']
@@ -141,20 +141,10 @@ def as_list(value, what: str) -> list:
 
 # %% ../../nbs/04_variants.ipynb #b3bb5dca
 def check_seeds(seeds, default: list) -> list:
-    "Distinct non-negative integers below 2**32; `None` gives `default` (the preset's `seed_list`)."
+    "The `seeds` parameter in any of its `FORMS` (commas separate), by the presets' rule; `None` gives `default`."
     if seeds is None:
         return list(default)
-    items = [int(s) if isinstance(s, str) and s.isdigit() else s for s in as_list(seeds, 'seeds')]
-    bad = [s for s in items if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 0 <= s < 2**32]
-    if bad or not items:
-        raise ConfigError(
-            f"seeds must be non-negative integers below 2**32, given as {FORMS}; got {seeds!r}"
-            + (f" (not accepted: {bad})" if bad else ' (no seed)')
-            + '.'
-        )
-    if len(set(items)) < len(items):
-        raise ConfigError(f"seeds {items} repeat a seed: one run would count twice. Give each seed once.")
-    return [int(s) for s in items]
+    return check_seed_values(as_list(seeds, 'seeds'), f"seeds = {seeds!r} (given as {FORMS})")
 
 # %% ../../nbs/04_variants.ipynb #789f18f4
 def check_variants(variants) -> list:

@@ -19,13 +19,24 @@ from tqdm import tqdm
 from tokenizers import Tokenizer
 from ..core.config import ExperimentConfig
 from looped_lm.training.text import (
-    EOT, REGEX_JOIN, REGEX_PATTERN, RegexTokenizer, decoded_byte_lengths, decoded_bytes, train_tokenizer
+    EOT,
+    REGEX_JOIN,
+    REGEX_PATTERN,
+    RegexTokenizer,
+    decoded_byte_lengths,
+    decoded_bytes,
+    train_tokenizer,
 )
-from looped_lm.core.files import (
-    atomic_writer, dir_lock, file_content_sha, sweep_stale_tmp, write_atomic
-)
+from ..core.files import atomic_writer, dir_lock, file_content_sha, sweep_stale_tmp, write_atomic
 from looped_lm.training.text import (
-    DATA_ENV, DataNotFoundError, SPLITS, iter_rows, load_corpus, local_files, resolve_data_dir, with_article_starts
+    DATA_ENV,
+    DataNotFoundError,
+    SPLITS,
+    iter_rows,
+    load_corpus,
+    local_files,
+    resolve_data_dir,
+    with_article_starts,
 )
 
 # %% auto #0

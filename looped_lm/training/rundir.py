@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_model, load_model
-from ..core.files import file_sha256, LOCK_NAME, dir_lock
+from ..core.files import file_sha256, LOCK_NAME, dir_lock, fsync
 from .data import TokenData
 from contextlib import contextmanager, suppress
 from ..core.config import ConfigError
@@ -125,16 +125,6 @@ def append_metrics(run_dir, rec: dict):
     "Append one record to `metrics.jsonl` (made durable with the next checkpoint, see `fsync`)."
     with open(Path(run_dir) / 'metrics.jsonl', 'a') as f:
         f.write(json.dumps(rec) + '\n')
-
-
-def fsync(*paths):
-    "Flush files or folders to the disk, so that what names them next (a rename, `latest`) survives a reboot."
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 # %% ../../nbs/02b_rundir.ipynb #1596d0d4
 CKPT_FILES = ('model.safetensors', 'state.pt')  # a checkpoint's files; its `hashes.json` records their SHA-256
@@ -300,6 +290,10 @@ def latest_checkpoint(run_dir):
     name = p.read_text().strip()
     d = Path(run_dir) / name
     if name.startswith('ckpt-') and (d / 'model.safetensors').is_file() and (d / 'state.pt').is_file():
+        st = run_status(run_dir)
+        if st.get('state') == 'done' and name != f"ckpt-{st.get('step')!s:0>6}":
+            status = Path(run_dir) / 'status.json'
+            raise _damaged(d, f"the run finished at step {st.get('step')} ({status}), but {p} names {name}")
         return d
     raise RunDirError(
         f"{p} names the checkpoint {name!r}, which is missing or incomplete (the trainer never leaves it so: "
@@ -326,6 +320,8 @@ def load_checkpoint(ckpt_dir, model, opt=None, gen=None, cfg: ExperimentConfig =
     fix = f"Delete {ckpt_dir.parent} to train that run again from the start."
     verify_checkpoint(ckpt_dir)
     state = _read_state(ckpt_dir)
+    if (named := re.fullmatch(r'ckpt-(\d+)', ckpt_dir.name)) and int(named.group(1)) != state['step']:
+        raise _damaged(ckpt_dir, f"its state.pt holds step {state['step']}, its name says step {int(named.group(1))}")
     if cfg is not None and state.get('config') not in (None, cfg.to_dict()):
         raise RunDirError(
             f"Checkpoint {ckpt_dir} was written with another config "

@@ -25,14 +25,27 @@ from ..model.looped import LoopedLM, LoopedLMConfig, train_flops_per_token
 from ..model.lemmas import radial_fraction
 from ..core.files import write_atomic, sweep_stale_tmp, LockedError, WriteError
 from looped_lm.training.rundir import (
-    RunDirError, set_status, run_status, expected_records, _parse_metrics, read_metrics, _missing, append_metrics,
-    data_record, save_checkpoint, latest_checkpoint, load_checkpoint, run_lock, _check_identity, _check_data
+    RunDirError,
+    set_status,
+    run_status,
+    expected_records,
+    _parse_metrics,
+    read_metrics,
+    _missing,
+    append_metrics,
+    data_record,
+    save_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    run_lock,
+    _check_identity,
+    _check_data,
 )
 from ..core.config import load_preset, list_presets, parse_values
 
 # %% auto #0
-__all__ = ['resolve_device', 'autocast', 'world', 'norm_penalty', 'objective', 'param_groups', 'make_optimizer', 'lr_at',
-           'TrainingError', 'evaluate', 'train', 'RunResult', 'train_cli']
+__all__ = ['resolve_device', 'autocast', 'ddp_world', 'norm_penalty', 'training_objective', 'param_groups', 'make_optimizer',
+           'lr_at', 'TrainingError', 'evaluate', 'train', 'RunResult', 'train_cli']
 
 # %% ../../nbs/02c_train.ipynb #7eff13a6
 def resolve_device(cfg: ExperimentConfig) -> torch.device:
@@ -61,7 +74,7 @@ def autocast(cfg: ExperimentConfig, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if cfg.dtype == 'bfloat16' else nullcontext()
 
 
-def world() -> tuple:
+def ddp_world() -> tuple:
     "(rank, world_size): (0, 1) unless running under an initialized torch.distributed process group."
     return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
 
@@ -72,7 +85,7 @@ def init_distributed():
         dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
-    return world()
+    return ddp_world()
 
 # %% ../../nbs/02c_train.ipynb #21c39b7a
 def _barrier(world_size: int):
@@ -101,7 +114,7 @@ def norm_penalty(hidden: list) -> torch.Tensor:
     return sum(h.float().pow(2).mean() for h in hidden) / len(hidden)
 
 
-def objective(model, x, y, cfg: ExperimentConfig, all_losses: bool = False):
+def training_objective(model, x, y, cfg: ExperimentConfig, all_losses: bool = False):
     "Training objective of a batch and the model's output. `all_losses`: compute every loop's CE even for `terminal`."
     out = model(
         x, targets=y, loss_loops='all' if (cfg.loss == 'perloop' or all_losses) else 'last', ce_chunk=cfg.ce_chunk
@@ -470,7 +483,7 @@ def train_step(run: Run):
     x, y = x[run.local], y[run.local]
     log = run.is_log_step(run.step + 1)
     with autocast(cfg, run.device):
-        obj, out = objective(run.net, x, y, cfg, all_losses=log)
+        obj, out = training_objective(run.net, x, y, cfg, all_losses=log)
     if log:
         for h in out.hidden:
             h.retain_grad()
@@ -513,6 +526,9 @@ def check_finite(run: Run):
     raise TrainingError(msg)
 
 # %% ../../nbs/02c_train.ipynb #606aa8a5
+PEAK_BF16_FLOPS = 989e12  # H100/H200 SXM dense bf16 peak: the denominator of every MFU this repository prints
+
+
 def step_record(run: Run, obj, out, gnorm) -> dict:
     "The train record of this log step: per-loop CE, norms and radial fraction, and the step's other measurements."
     cfg = run.cfg
@@ -536,7 +552,7 @@ def step_record(run: Run, obj, out, gnorm) -> dict:
         radial=[None if math.isnan(r) else r for r in radial],
         grad_norm=gnorm.item(),
         tokens_per_s=n_tok / dt,
-        mfu=n_tok * flops / dt / (989e12 * run.world_size) if run.device.type == 'cuda' else None,
+        mfu=n_tok * flops / dt / (PEAK_BF16_FLOPS * run.world_size) if run.device.type == 'cuda' else None,
         overflow_margin=margin,
     )
 
@@ -638,5 +654,5 @@ def train_cli(argv: list = None):
         r = train(load_preset(a.preset, **parse_sets(a.preset, a.sets)), a.run_dir, data_dir=a.data_dir)
     except (ConfigError, RunDirError, TrainingError, LockedError, DataNotFoundError, WriteError) as e:
         sys.exit(f"looped-lm-train: {type(e).__name__}: {' '.join(str(e).split())}")  # one line, no traceback
-    if world()[0] == 0:
+    if ddp_world()[0] == 0:
         print(f"{r.run_dir}: {r.status} at step {r.steps}")

@@ -1,0 +1,58 @@
+"""A checkpoint is what its folder says (issue 34): its recorded step matches its name, and a finished run is read only
+from its last checkpoint; `lock_wait` is checked with the other parameters, before any work."""
+
+import shutil
+import pytest
+import looped_lm as ll
+from looped_lm.core.config import ConfigError, load_preset
+from looped_lm.training.rundir import DamagedCheckpointError, latest_checkpoint, load_run, run_status
+from looped_lm.training.train import train
+from looped_lm.measure.diagnostics import diagnose_run
+
+
+@pytest.fixture(scope='module')
+def finished(tmp_path_factory, smoke_data):
+    "A finished smoke run of 12 steps, checkpointed every 4 (its older checkpoints are dropped as it goes)."
+    cfg = load_preset('smoke', train_tokens=12 * 8 * 32, ckpt_every=4)
+    run_dir = tmp_path_factory.mktemp('finished') / 'run'
+    train(cfg, run_dir, data=smoke_data, progress=False)
+    assert run_status(run_dir)['state'] == 'done' and latest_checkpoint(run_dir).name == 'ckpt-000012'
+    return run_dir
+
+
+def test_a_finished_run_pointed_at_another_checkpoint_is_refused(finished, tmp_path, smoke_data):
+    run = tmp_path / 'run'
+    shutil.copytree(finished, run)
+    shutil.copytree(run / 'ckpt-000012', run / 'ckpt-000008')  # a restored backup's older checkpoint
+    (run / 'latest').write_text('ckpt-000008')
+    for read in (
+        lambda: latest_checkpoint(run),
+        lambda: load_run(run),
+        lambda: ll.LoopedLM.from_run(run),
+        lambda: diagnose_run(run, smoke_data, max_batches=1),
+    ):
+        with pytest.raises(DamagedCheckpointError, match='finished at step 12'):
+            read()
+
+
+def test_a_checkpoint_under_another_name_is_refused(finished, tmp_path):
+    run = tmp_path / 'run'
+    shutil.copytree(finished, run)
+    (run / 'ckpt-000012').rename(run / 'ckpt-000010')
+    (run / 'latest').write_text('ckpt-000010')
+    (run / 'status.json').write_text('{"state": "running", "step": 10}')  # as if it had stopped at step 10
+    with pytest.raises(DamagedCheckpointError, match='holds step 12, its name says step 10'):
+        load_run(run)
+
+
+@pytest.mark.parametrize('bad', ['soon', -1, float('nan'), None])
+def test_lock_wait_is_checked_before_any_work(bad, tmp_path, monkeypatch):
+    import looped_lm.studies.ablation as A
+
+    def spent(*a, **kw):
+        raise AssertionError('work started before lock_wait was checked')
+
+    monkeypatch.setattr(A, 'prepare_data', spent)
+    with pytest.raises(ConfigError, match='lock_wait must be the seconds'):
+        ll.run_ablation('smoke', out_dir=tmp_path / 'study', lock_wait=bad)
+    assert not (tmp_path / 'study').exists()
