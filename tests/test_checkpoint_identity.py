@@ -56,3 +56,31 @@ def test_lock_wait_is_checked_before_any_work(bad, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match='lock_wait must be the seconds'):
         ll.run_ablation('smoke', out_dir=tmp_path / 'study', lock_wait=bad)
     assert not (tmp_path / 'study').exists()
+
+
+def test_a_folder_with_no_checkpoint_and_no_records_is_empty(tmp_path, smoke_data):
+    "What the old order left after a kill in a run's first seconds (records file, no config): rerunning trains."
+    run = tmp_path / 'run'
+    run.mkdir()
+    (run / 'metrics.jsonl').write_text('')
+    (run / 'status.json').write_text('{"state": "running", "step": 0}')
+    cfg = load_preset('smoke', train_tokens=4 * 8 * 32)
+    assert train(cfg, run, data=smoke_data, progress=False).status == 'done'
+
+
+def test_a_run_interrupted_at_once_writes_its_identity_first(tmp_path, smoke_data, monkeypatch):
+    "Ctrl-C while the model is built: the folder already says whose run it is, and the same command finishes it."
+    import looped_lm.training.train as T
+
+    cfg, run = load_preset('smoke', train_tokens=4 * 8 * 32), tmp_path / 'run'
+    real = T.restore_model
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(T, 'restore_model', interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, run, data=smoke_data, progress=False)
+    assert (run / 'config.json').is_file() and (run / 'data.json').is_file()
+    monkeypatch.setattr(T, 'restore_model', real)
+    assert train(cfg, run, data=smoke_data, progress=False).status == 'done'

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/04d_ablation.ipynb #b8aa09d1
 from __future__ import annotations
-import hashlib, json, time
+import hashlib, json, time, warnings
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -13,10 +13,11 @@ from ..training.data import prepare_data
 from ..core.files import write_atomic, sweep_stale_tmp
 from ..training.train import train, TrainingError
 from ..training.train import resolve_device
-from ..training.rundir import run_status, read_metrics
+from ..training.rundir import read_json, run_status, read_metrics
 from ..measure.diagnostics import diagnose_run, exit_throughput
 from ..measure.diagnostics import current_report, DIAG_VERSION
-from .runner import EXECUTORS, check_executor, check_lock_wait, cost_plan, prepare_once, submit_jobs
+from .runner import EXECUTORS, check_executor, check_lock_wait, cost_plan, prepare_once
+from .runner import submit_jobs, work_when_free
 from .variants import VARIANTS, check_seeds, check_variants
 from .tables import write_tables, read_throughput
 from .claims import write_claims
@@ -207,7 +208,12 @@ def check_study_executor(executor, plan_only: bool, gpus_per_job, timeout_min) -
     return executor != 'inprocess' or plan_only
 
 # %% ../../nbs/04d_ablation.ipynb #e3a1f0c5
-def _run_as_jobs(st: Study, jobs: list, executor: str, data_dir, plan_only: bool, opts: dict):
+def _run_one_when_free(job: dict) -> str:
+    "`_run_one` as a submitted job: a run another process holds is waited for (`job['lock_wait']` s), then 'locked'."
+    return work_when_free(_run_one, job, job['lock_wait'])
+
+
+def _run_as_jobs(st: Study, jobs: list, executor: str, data_dir, plan_only: bool, opts: dict, lock_wait: float = 0):
     "The plan of `jobs`, printed before any spend; unless `plan_only`, every run as a submitit job: their outcomes."
     plan = cost_plan(jobs)
     print(plan, flush=True)
@@ -216,16 +222,27 @@ def _run_as_jobs(st: Study, jobs: list, executor: str, data_dir, plan_only: bool
     from looped_lm.studies import ablation as mod  # the exported `_run_one`: what a job can import
 
     prepared = prepare_once(jobs, data_dir=data_dir)  # every job, done ones too: re-diagnosed if outdated, else at once
+    jobs = [dict(j, lock_wait=lock_wait) for j in jobs]
     return submit_jobs(
-        jobs, mod._run_one, executor, st.study_dir / 'jobs', max_parallel=st.workers, prepared=prepared, **opts
+        jobs,
+        mod._run_one_when_free,
+        executor,
+        st.study_dir / 'jobs',
+        max_parallel=st.workers,
+        prepared=prepared,
+        **opts,
     )
 
 
 def _mark_failed(records: list, outcomes: list) -> list:
-    "Records of the runs whose job failed: status 'failed', why, and the job's log."
+    "Records of the runs whose job failed (status 'failed', why, the job's log) or found its run held ('locked')."
     for r, o in zip(records, outcomes):
         if o.state == 'failed':
             r.update(status='failed', message=f"{o.error} (job log: {o.stderr})")
+            r.pop('diag', None)
+        elif getattr(o, 'result', None) == 'locked':
+            msg = f"{r['run_dir']} is held by another process: submit the study again when it has finished."
+            r.update(status='locked', message=msg)
             r.pop('diag', None)
     return records
 
@@ -290,15 +307,31 @@ def run_ablation(
     _announce(st, jobs, executor, plan_only, on_jobs)
     outcomes = None  # in-process: no job outcomes
     if on_jobs:
-        outcomes = _run_as_jobs(st, jobs, executor, data_dir, plan_only, opts)
+        outcomes = _run_as_jobs(st, jobs, executor, data_dir, plan_only, opts, lock_wait)
         if plan_only:
             return outcomes  # the plan
     states = _study_states(st, jobs, outcomes, dev, lock_wait)
     return _publish_locked(st, states, outcomes, dev, data)
 
 # %% ../../nbs/04d_ablation.ipynb #acac9aa8
-def publish(records, st: Study, throughput=None):
-    "records.json, the tables and claims.json/.md into `study_dir`, under `study_lock` (figures: `make_figures`)."
+def _published_done(study_dir: Path) -> set:
+    "(variant, seed) of every finished run in the study's published `records.json` (none when it has none)."
+    recs = read_json(study_dir / 'records.json', [], damaged=lambda p, e: [])
+    return {(r.get('variant'), r.get('seed')) for r in recs if isinstance(r, dict) and r.get('status') == 'done'}
+
+
+def publish(records, st: Study, throughput=None) -> bool:
+    """records.json, the tables and claims.json/.md into `study_dir`, under `study_lock` (figures: `make_figures`);
+    never fewer finished runs than were published: then the published study stays, with a warning (False)."""
+    lost = _published_done(st.study_dir) - {(r['variant'], r['seed']) for r in records if r['status'] == 'done'}
+    if lost:
+        names = ', '.join(f"{v}-seed{s}" for v, s in sorted(lost, key=str))
+        warnings.warn(
+            f"{st.study_dir} keeps its published records, tables and claims: they hold finished runs that this study "
+            f"could not read now ({names}: locked by another process, failed or damaged since). Run the same command "
+            f"again when they are free; delete {st.study_dir / 'records.json'} to publish fewer runs on purpose."
+        )
+        return False
     sweep_stale_tmp(st.study_dir)
     write_atomic(
         st.study_dir / 'records.json',
@@ -309,3 +342,4 @@ def publish(records, st: Study, throughput=None):
     )
     write_tables(records, st.study_dir, throughput)
     write_claims(records, st.study_dir)
+    return True

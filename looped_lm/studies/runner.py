@@ -254,6 +254,14 @@ def _lock_free(run_dir) -> bool:
     except LockedError:
         return False
 
+
+def work_when_free(work, job: dict, lock_wait: float, poll: float = 5.0) -> str:
+    "`work(job)` in a submitted job: a run another process holds is waited for, up to `lock_wait` s, then 'locked'."
+    deadline = time.monotonic() + check_lock_wait(lock_wait)
+    while (state := _state(lambda: work(job))) == 'locked' and time.monotonic() < deadline:
+        time.sleep(poll)
+    return state
+
 # %% ../../nbs/04a_runner.ipynb #8b2f1730
 def run_jobs(jobs: list, work, workers: int = 1, device: str = 'cpu', lock_wait: float = 600.0, poll=1.0) -> list:
     """The state of each job after `work(job)` ran it (job: a dict with `label`, `run_dir`, ...; `work`: a module-level

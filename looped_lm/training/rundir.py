@@ -395,18 +395,23 @@ def run_lock(run_dir: Path, rank: int):
 
 # %% ../../nbs/02b_rundir.ipynb #d1fdc65c
 def _no_config(run_dir: Path) -> str:
-    "'' when `run_dir` holds no run, else why a run there without `config.json` cannot be used, and the fixes."
-    left = (
-        sorted(p.name for p in run_dir.iterdir() if p.name in RUN_FILES or p.name.startswith('ckpt-'))
-        if run_dir.is_dir()
-        else []
-    )
-    if not left:
+    """'' when `run_dir` holds no run: no checkpoint and no metrics record (what a run killed in its first seconds
+    leaves counts as empty), else why a run there without `config.json` cannot be used, and the fixes that work."""
+    names = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    ckpts = [n for n in names if n.startswith('ckpt-') or n == 'latest']
+    metrics = run_dir / 'metrics.jsonl'
+    if not ckpts and not (metrics.is_file() and metrics.read_text().strip()):
         return ''
+    left = [n for n in names if n in RUN_FILES or n.startswith('ckpt-')]
+    fix = f"Delete {run_dir} to train it again" + (
+        f", or write the config back from its newest checkpoint with "
+        f"`looped_lm.training.rundir.restore_config('{run_dir}')` and run the same command again."
+        if ckpts
+        else " (it has no checkpoint to restore the config from)."
+    )
     return (
         f"{run_dir} holds a run ({', '.join(left[:4])}) but its config.json is missing, so whether it was trained with "
-        f"this preset cannot be checked. Delete {run_dir} to train it again, or write the config back from its newest "
-        f"checkpoint with `looped_lm.training.rundir.restore_config('{run_dir}')` and run the same command again."
+        f"this preset cannot be checked. {fix}"
     )
 
 

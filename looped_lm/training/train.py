@@ -429,11 +429,10 @@ def restore_model(cfg: ExperimentConfig, run_dir: Path, data: TokenData, device)
     return model, opt, gen, step
 
 
-def record_start(cfg: ExperimentConfig, run_dir: Path, data: TokenData, step: int):
-    "Write the run's identity (`config.json`, `data.json`) and mark it `running` at `step` (rank 0)."
+def record_identity(cfg: ExperimentConfig, run_dir: Path, data: TokenData):
+    "Write the run's identity (`config.json`, `data.json`), before anything else of the run is written (rank 0)."
     write_atomic(run_dir / 'config.json', json.dumps(cfg.to_dict(), indent=1))
     write_atomic(run_dir / 'data.json', json.dumps(data_record(data), indent=1))
-    set_status(run_dir, 'running', step)
 
 # %% ../../nbs/02c_train.ipynb #07597a84
 def start_run(
@@ -441,11 +440,12 @@ def start_run(
 ) -> Run:
     "The run's model, optimiser and data generator, restored from its newest checkpoint; the run folder records them."
     if rank == 0:
+        record_identity(cfg, run_dir, data)  # first: whatever is killed later, the folder says whose run it is
         check_resume(run_dir, cfg)
     _barrier(world_size)
     model, opt, gen, step = restore_model(cfg, run_dir, data, device)
     if rank == 0:
-        record_start(cfg, run_dir, data, step)
+        set_status(run_dir, 'running', step)
     if cfg.compile:
         model.loop = torch.compile(model.loop)  # one graph for the shared stack, whatever the exit depth
     net = nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
