@@ -84,3 +84,18 @@ def test_a_run_interrupted_at_once_writes_its_identity_first(tmp_path, smoke_dat
     assert (run / 'config.json').is_file() and (run / 'data.json').is_file()
     monkeypatch.setattr(T, 'restore_model', real)
     assert train(cfg, run, data=smoke_data, progress=False).status == 'done'
+
+
+def test_diagnostics_refuse_token_data_that_is_not_the_runs(finished, tmp_path, smoke_data):
+    "Another tokenizer's ids of the same vocabulary size are refused before any measurement, and never cached."
+    import dataclasses
+    from looped_lm.training.rundir import RunDirError
+
+    run = tmp_path / 'run'
+    shutil.copytree(finished, run)
+    other = dataclasses.replace(smoke_data, fingerprint='another-tokenizer')
+    with pytest.raises(RunDirError, match='was trained on other token data'):
+        diagnose_run(run, other, max_batches=1)
+    assert not (run / 'diagnostics.json').exists()
+    rep = diagnose_run(run, smoke_data, max_batches=1)
+    assert rep['data'] == smoke_data.fingerprint

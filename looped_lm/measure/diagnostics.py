@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from ..core.files import file_content_sha
 from ..core.config import format_number
-from ..training.rundir import read_json
+from ..training.rundir import check_run_data, read_json
 from ..training.rundir import latest_checkpoint
 import dataclasses
 import json
@@ -540,10 +540,14 @@ EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least th
 
 
 def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> DiagnosticReport:
-    "Cached `diagnose` of a run's newest checkpoint (`diagnostics.json`, keyed by checkpoint, `DIAG_VERSION`, batches)."
+    """Cached `diagnose` of a run's newest checkpoint (`diagnostics.json`, keyed by checkpoint, `DIAG_VERSION`, batches
+    and the token data's fingerprint); token data that is not the run's (its `data.json`) is refused first."""
     run_dir = Path(run_dir)
+    if data is not None:  # None: only a cached report can answer
+        check_run_data(run_dir, data)
     ckpt = latest_checkpoint(run_dir)
     key = dict(version=DIAG_VERSION, checkpoint=checkpoint_id(ckpt), max_batches=max_batches)
+    key.update({} if data is None else dict(data=data.fingerprint))
     p = run_dir / 'diagnostics.json'
     if (rep := _cached(p, key)) is not None:
         return rep

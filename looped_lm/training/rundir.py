@@ -26,7 +26,7 @@ from ..model.looped import LoopedLM, LoopedLMConfig
 
 # %% auto #0
 __all__ = ['RunDirError', 'read_json', 'run_status', 'read_metrics', 'DamagedCheckpointError', 'verify_checkpoint',
-           'CheckpointWriteError', 'latest_checkpoint', 'restore_config', 'load_run']
+           'CheckpointWriteError', 'latest_checkpoint', 'restore_config', 'check_run_data', 'load_run']
 
 # %% ../../nbs/02b_rundir.ipynb #5593e09a
 class RunDirError(RuntimeError):
@@ -439,7 +439,7 @@ def _check_identity(run_dir: Path, cfg: ExperimentConfig):
         )
 
 
-def _check_data(run_dir: Path, data: TokenData):
+def check_run_data(run_dir: Path, data: TokenData):
     "Refuse token data that differs from what the run in `run_dir` was trained on (its `data.json`)."
     old = read_json(run_dir / 'data.json')
     if old is not None and (why := _data_mismatch(old, data)):

@@ -39,7 +39,7 @@ from looped_lm.training.rundir import (
     load_checkpoint,
     run_lock,
     _check_identity,
-    _check_data,
+    check_run_data,
 )
 from ..core.config import load_preset, list_presets, parse_values
 
@@ -281,7 +281,7 @@ def train(
             return result
         data = data or prepare_data(cfg, data_dir=data_dir, cache_dir=cache_dir, verbose=rank == 0)
         _check_fits(cfg, data)
-        _check_data(run_dir, data)
+        check_run_data(run_dir, data)
         run = start_run(cfg, run_dir, data, device, rank, world_size, max_steps, progress, label)
         run_steps(run)
         return finish(run)
@@ -346,7 +346,7 @@ def open_run(cfg: ExperimentConfig, run_dir: Path, data: TokenData | None, rank:
     if st.get('state') == 'done':
         if data is not None:
             _check_fits(cfg, data)
-            _check_data(run_dir, data)
+            check_run_data(run_dir, data)
         return _result(run_dir)
 
 # %% ../../nbs/02c_train.ipynb #afcbd5fe
