@@ -99,3 +99,21 @@ def test_diagnostics_refuse_token_data_that_is_not_the_runs(finished, tmp_path, 
     assert not (run / 'diagnostics.json').exists()
     rep = diagnose_run(run, smoke_data, max_batches=1)
     assert rep['data'] == smoke_data.fingerprint
+
+
+def test_a_resume_by_other_training_code_is_refused_or_recorded(tmp_path, smoke_data, monkeypatch):
+    "A run paused by one version of the trainer is not finished by another unless asked, and then it says so."
+    import json
+    from looped_lm.training.rundir import CODE_OVERRIDE, RunDirError
+
+    cfg, run = load_preset('smoke', train_tokens=8 * 8 * 32, ckpt_every=4), tmp_path / 'run'
+    assert train(cfg, run, data=smoke_data, progress=False, max_steps=4).status == 'running'
+    code = json.loads((run / 'code.json').read_text())
+    (run / 'code.json').write_text(json.dumps(dict(code, source='0123456789abcdef', commit='an older commit')))
+    with pytest.raises(RunDirError, match='by other training code .* set LOOPED_LM_RESUME_OTHER_CODE=1'):
+        train(cfg, run, data=smoke_data, progress=False)
+    assert latest_checkpoint(run).name == 'ckpt-000004'  # nothing was touched
+    monkeypatch.setenv(CODE_OVERRIDE, '1')
+    assert train(cfg, run, data=smoke_data, progress=False).status == 'done'
+    rec = json.loads((run / 'code.json').read_text())
+    assert rec['source'] == code['source'] and rec['earlier'][-1]['until_step'] == 4

@@ -9,7 +9,8 @@ from looped_lm.core.config import load_preset
 from looped_lm.model.looped import HubFolderError, LoopedLM, LoopedLMConfig
 from looped_lm.training.train import train
 from looped_lm.training.rundir import latest_checkpoint
-from looped_lm.measure.diagnostics import DIAG_VERSION, checkpoint_id
+from looped_lm.measure.diagnostics import DIAG_VERSION, MEASURING_CODE, checkpoint_id
+from looped_lm.core.files import source_hash
 from safetensors.torch import load_file
 
 
@@ -39,7 +40,8 @@ def test_from_run_is_the_trained_model(run, smoke_data):
 
 def _write_report(run, **key):
     "A diagnostics.json with known final-loop numbers, keyed like `diagnose_run` keys it (overridden by `key`)."
-    key = {**dict(version=DIAG_VERSION, checkpoint=checkpoint_id(latest_checkpoint(run))), **key}
+    ckpt = checkpoint_id(latest_checkpoint(run))
+    key = {**dict(version=DIAG_VERSION, code=source_hash(MEASURING_CODE), checkpoint=ckpt), **key}
     (run / 'diagnostics.json').write_text(
         json.dumps(
             {
@@ -53,8 +55,13 @@ def _write_report(run, **key):
 
 
 def test_card_ignores_stale_diagnostics(run):
-    "A report of older diagnostics, or of another checkpoint, never reaches the model card."
-    for stale in (dict(version=DIAG_VERSION - 1), dict(checkpoint='ckpt-000001:0123456789abcdef')):
+    "A report of older diagnostics, other measuring code or another checkpoint never reaches the model card."
+    stales = (
+        dict(version=DIAG_VERSION - 1),
+        dict(code='0123456789abcdef'),
+        dict(checkpoint='ckpt-000001:0123456789abcdef'),
+    )
+    for stale in stales:
         _write_report(run, **stale)
         assert LoopedLM.from_run(run).card_info['final_row'] == {}, stale
     (run / 'diagnostics.json').write_text('{"version": ')  # damaged: the model still loads, the card says nothing

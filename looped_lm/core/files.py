@@ -5,11 +5,11 @@ files swept, one writer per folder, and the SHA-256 of a file."""
 
 # %% ../../nbs/00a_files.ipynb #f1e5a004
 from __future__ import annotations
-import contextlib, errno, hashlib, json, os, re, secrets, socket, sys, time
+import contextlib, errno, hashlib, importlib.util, json, os, re, secrets, socket, subprocess, sys, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['WriteError', 'fsync', 'LockedError']
+__all__ = ['WriteError', 'fsync', 'LockedError', 'source_hash', 'code_record']
 
 # %% ../../nbs/00a_files.ipynb #af08cf86
 class WriteError(OSError):
@@ -262,3 +262,26 @@ def file_content_sha(p: Path, memo: Path = None) -> str:
             write_atomic(memo, json.dumps(known, indent=1))
     _FILE_HASHES[key] = known[key]
     return known[key]
+
+# %% ../../nbs/00a_files.ipynb #fil00002
+def source_hash(modules) -> str:
+    "A short SHA-256 of the source files of the named modules (e.g. `'looped_lm.model.looped'`), in their order."
+    h = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin or not Path(spec.origin).is_file():
+            raise ImportError(f"{name} has no source file to hash: is it a module of an installed package?")
+        h.update(name.encode() + b'\0' + Path(spec.origin).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def code_record(modules) -> dict:
+    "The package's version, the `source_hash` of `modules`, and the git commit of its repository (None outside one)."
+    where = Path(importlib.util.find_spec(modules[0]).origin).parent
+    try:
+        out = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=where, capture_output=True, text=True, timeout=10)
+        commit = out.stdout.strip() if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    version = getattr(sys.modules.get(modules[0].split('.')[0]), '__version__', None)
+    return dict(version=version, source=source_hash(modules), commit=commit)

@@ -8,7 +8,7 @@ calibrated halting, per-token norms, throughput per exit depth."""
 from __future__ import annotations
 import warnings
 from pathlib import Path
-from ..core.files import file_content_sha
+from ..core.files import file_content_sha, source_hash
 from ..core.config import format_number
 from ..training.rundir import check_run_data, read_json
 from ..training.rundir import latest_checkpoint
@@ -44,7 +44,13 @@ __all__ = ['HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'DiagnosticReport', 'current_report
            'norm_stats', 'clamp_modes', 'diagnose', 'diagnose_run']
 
 # %% ../../nbs/03c_diagnostics.ipynb #91c3f3a7
-DIAG_VERSION = 5  # bump whenever a diagnostic changes: cached reports of another version are recomputed
+DIAG_VERSION = 5  # the report's layout (what records and tables read); its content is keyed by the code below
+# the modules whose source decides a report's numbers: a cached report is used only for the same `source_hash`
+MEASURING_CODE = tuple(
+    f'looped_lm.{m}'
+    for m in ('model.lemmas', 'model.looped', 'measure.protocol', 'measure.halting', 'measure.radial')
+    + ('measure.diagnostics',)
+)
 
 
 def radial_scale_of(row: dict):
@@ -179,11 +185,13 @@ def checkpoint_id(ckpt) -> str | None:
 
 # %% ../../nbs/03c_diagnostics.ipynb #30fcff6e
 def current_report(run_dir) -> DiagnosticReport | None:
-    """The run's `diagnostics.json` if these diagnostics (`DIAG_VERSION`) wrote it for its newest checkpoint; else None
-    (a damaged file: `RunDirError`)."""
+    """The run's `diagnostics.json` if this measuring code (`DIAG_VERSION`, `MEASURING_CODE`'s source) wrote it for its
+    newest checkpoint; else None (a damaged file: `RunDirError`)."""
     run_dir = Path(run_dir)
     rep = read_json(run_dir / 'diagnostics.json')
-    key = dict(version=DIAG_VERSION, checkpoint=checkpoint_id(latest_checkpoint(run_dir)))
+    key = dict(
+        version=DIAG_VERSION, code=source_hash(MEASURING_CODE), checkpoint=checkpoint_id(latest_checkpoint(run_dir))
+    )
     return DiagnosticReport(rep) if key['checkpoint'] and matches_key(rep, key) else None
 
 # %% ../../nbs/03c_diagnostics.ipynb #f7635442
@@ -540,14 +548,14 @@ EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least th
 
 
 def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> DiagnosticReport:
-    """Cached `diagnose` of a run's newest checkpoint (`diagnostics.json`, keyed by checkpoint, `DIAG_VERSION`, batches
-    and the token data's fingerprint); token data that is not the run's (its `data.json`) is refused first."""
+    """Cached `diagnose` of a run's newest checkpoint (`diagnostics.json`, keyed by checkpoint, `DIAG_VERSION`, the
+    measuring code's source, batches and the token data's fingerprint); data that is not the run's is refused first."""
     run_dir = Path(run_dir)
     if data is not None:  # None: only a cached report can answer
         check_run_data(run_dir, data)
     ckpt = latest_checkpoint(run_dir)
-    key = dict(version=DIAG_VERSION, checkpoint=checkpoint_id(ckpt), max_batches=max_batches)
-    key.update({} if data is None else dict(data=data.fingerprint))
+    key = dict(version=DIAG_VERSION, code=source_hash(MEASURING_CODE), checkpoint=checkpoint_id(ckpt))
+    key.update(max_batches=max_batches, **({} if data is None else dict(data=data.fingerprint)))
     p = run_dir / 'diagnostics.json'
     if (rep := _cached(p, key)) is not None:
         return rep

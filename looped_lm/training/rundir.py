@@ -18,15 +18,16 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_model, load_model
-from ..core.files import file_sha256, LOCK_NAME, dir_lock, fsync
+from ..core.files import file_sha256, LOCK_NAME, code_record, dir_lock, fsync
 from .data import TokenData
 from contextlib import contextmanager, suppress
 from ..core.config import ConfigError
 from ..model.looped import LoopedLM, LoopedLMConfig
 
 # %% auto #0
-__all__ = ['RunDirError', 'read_json', 'run_status', 'read_metrics', 'DamagedCheckpointError', 'verify_checkpoint',
-           'CheckpointWriteError', 'latest_checkpoint', 'restore_config', 'check_run_data', 'load_run']
+__all__ = ['CODE_OVERRIDE', 'RunDirError', 'read_json', 'run_status', 'read_metrics', 'DamagedCheckpointError',
+           'verify_checkpoint', 'CheckpointWriteError', 'latest_checkpoint', 'restore_config', 'check_code',
+           'check_run_data', 'load_run']
 
 # %% ../../nbs/02b_rundir.ipynb #5593e09a
 class RunDirError(RuntimeError):
@@ -129,6 +130,12 @@ def append_metrics(run_dir, rec: dict):
 # %% ../../nbs/02b_rundir.ipynb #1596d0d4
 CKPT_FILES = ('model.safetensors', 'state.pt')  # a checkpoint's files; its `hashes.json` records their SHA-256
 CKPT_FORMAT = 2  # state.pt's `format`: 2, the checkpoint has a hashes.json; none: written before hashes were
+# the modules whose source decides a run's weights: a run and each of its checkpoints record their `source_hash`
+TRAINING_CODE = tuple(
+    f'looped_lm.{m}'
+    for m in ('core.config', 'core.files', 'model.looped')
+    + ('training.text', 'training.data', 'training.rundir', 'training.train')
+)
 
 
 def _read_state(ckpt_dir: Path) -> dict:
@@ -267,6 +274,7 @@ def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, data: 
                 vocab_size=data['vocab_size'],
                 data=data,
                 config=read_json(run_dir / 'config.json'),
+                code=code_record(TRAINING_CODE),
             ),
         )
         shutil.rmtree(d, ignore_errors=True)
@@ -360,7 +368,7 @@ def restore_config(run_dir) -> dict:
     return c
 
 # %% ../../nbs/02b_rundir.ipynb #074c5028
-RUN_FILES = ('status.json', 'metrics.jsonl', 'data.json', 'latest')  # with `ckpt-*`: what a started run leaves
+RUN_FILES = ('status.json', 'metrics.jsonl', 'data.json', 'code.json', 'latest')  # and `ckpt-*`: what a run leaves
 
 
 def _check_writable(run_dir: Path):
@@ -430,6 +438,31 @@ def _config_of(run_dir: Path) -> ExperimentConfig | None:
         ) from None
 
 # %% ../../nbs/02b_rundir.ipynb #09373d51
+CODE_OVERRIDE = 'LOOPED_LM_RESUME_OTHER_CODE'  # =1: resume a run with other training code, the change recorded
+
+
+def check_code(run_dir: Path) -> dict:
+    """The code record (`code.json`) of a run about to start or resume in `run_dir`. Resuming a checkpoint written by
+    training code of another source is refused (it would make a run of two code versions), unless `CODE_OVERRIDE` is
+    set to 1: then the earlier code is kept in the record's `earlier`, with the step it trained to."""
+    now, old = code_record(TRAINING_CODE), read_json(run_dir / 'code.json', None, damaged=lambda p, e: None)
+    ckpt = latest_checkpoint(run_dir)
+    if not isinstance(old, dict) or ckpt is None:
+        return dict(now, earlier=[])
+    if old.get('source') == now['source']:
+        return dict(now, earlier=old.get('earlier', []))
+    step = int(ckpt.name.split('-')[1])
+    if os.environ.get(CODE_OVERRIDE) != '1':
+        raise RunDirError(
+            f"{run_dir} was trained to step {step} by other training code (source {old.get('source')} then, "
+            f"{now['source']} now; commit {old.get('commit')} then, {now['commit']} now): resuming would make a run of "
+            f"two code versions. Train it anew with this code (a new out_dir, or delete {run_dir}), or set "
+            f"{CODE_OVERRIDE}=1 to resume it anyway (the change is recorded in its code.json)."
+        )
+    earlier = {k: old.get(k) for k in ('version', 'source', 'commit')}
+    return dict(now, earlier=[*old.get('earlier', []), dict(earlier, until_step=step)])
+
+
 def _check_identity(run_dir: Path, cfg: ExperimentConfig):
     old = _config_of(run_dir)
     if old is not None and old.to_dict() != cfg.to_dict():

@@ -40,6 +40,7 @@ from looped_lm.training.rundir import (
     run_lock,
     _check_identity,
     check_run_data,
+    check_code,
 )
 from ..core.config import load_preset, list_presets, parse_values
 
@@ -429,10 +430,12 @@ def restore_model(cfg: ExperimentConfig, run_dir: Path, data: TokenData, device)
     return model, opt, gen, step
 
 
-def record_identity(cfg: ExperimentConfig, run_dir: Path, data: TokenData):
-    "Write the run's identity (`config.json`, `data.json`), before anything else of the run is written (rank 0)."
+def record_identity(cfg: ExperimentConfig, run_dir: Path, data: TokenData, code: dict = None):
+    """Write the run's identity (`config.json`, `data.json`, `code.json`: `check_code`'s record), before anything else
+    of the run is written (rank 0)."""
     write_atomic(run_dir / 'config.json', json.dumps(cfg.to_dict(), indent=1))
     write_atomic(run_dir / 'data.json', json.dumps(data_record(data), indent=1))
+    write_atomic(run_dir / 'code.json', json.dumps(code or check_code(run_dir), indent=1))
 
 # %% ../../nbs/02c_train.ipynb #07597a84
 def start_run(
@@ -440,7 +443,8 @@ def start_run(
 ) -> Run:
     "The run's model, optimiser and data generator, restored from its newest checkpoint; the run folder records them."
     if rank == 0:
-        record_identity(cfg, run_dir, data)  # first: whatever is killed later, the folder says whose run it is
+        code = check_code(run_dir)  # a resume by other training code is refused before anything is written
+        record_identity(cfg, run_dir, data, code)  # first: whatever is killed later, the folder says whose run it is
         check_resume(run_dir, cfg)
     _barrier(world_size)
     model, opt, gen, step = restore_model(cfg, run_dir, data, device)
