@@ -40,8 +40,8 @@ from .radial import radial_fractions, angular_updates
 from ..training.rundir import load_run
 
 # %% auto #0
-__all__ = ['HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'DiagnosticReport', 'current_report', 'eval_exits', 'hill_estimator', 'token_norms',
-           'norm_stats', 'clamp_modes', 'diagnose', 'diagnose_run']
+__all__ = ['HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'DiagnosticReport', 'report_key', 'current_report', 'eval_exits', 'hill_estimator',
+           'token_norms', 'norm_stats', 'clamp_modes', 'diagnose', 'diagnose_run']
 
 # %% ../../nbs/03c_diagnostics.ipynb #91c3f3a7
 DIAG_VERSION = 5  # the report's layout (what records and tables read); its content is keyed by the code below
@@ -184,6 +184,11 @@ def checkpoint_id(ckpt) -> str | None:
     )
 
 # %% ../../nbs/03c_diagnostics.ipynb #30fcff6e
+def report_key(ckpt) -> dict:
+    "What every report of checkpoint `ckpt` is keyed by: the report's layout, the measuring code's source, the weights."
+    return dict(version=DIAG_VERSION, code=source_hash(MEASURING_CODE), checkpoint=checkpoint_id(ckpt))
+
+
 def current_report(run_dir) -> DiagnosticReport | None:
     """The run's `diagnostics.json` if this measuring code (`DIAG_VERSION`, `MEASURING_CODE`'s source) wrote it for its
     newest checkpoint; else None (a damaged file: `RunDirError`)."""
@@ -554,8 +559,7 @@ def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> 
     if data is not None:  # None: only a cached report can answer
         check_run_data(run_dir, data)
     ckpt = latest_checkpoint(run_dir)
-    key = dict(version=DIAG_VERSION, code=source_hash(MEASURING_CODE), checkpoint=checkpoint_id(ckpt))
-    key.update(max_batches=max_batches, **({} if data is None else dict(data=data.fingerprint)))
+    key = dict(report_key(ckpt), max_batches=max_batches, **({} if data is None else dict(data=data.fingerprint)))
     p = run_dir / 'diagnostics.json'
     if (rep := _cached(p, key)) is not None:
         return rep
