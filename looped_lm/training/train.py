@@ -444,11 +444,13 @@ def start_run(
     "The run's model, optimiser and data generator, restored from its newest checkpoint; the run folder records them."
     if rank == 0:
         code = check_code(run_dir)  # a resume by other training code is refused before anything is written
-        record_identity(cfg, run_dir, data, code)  # first: whatever is killed later, the folder says whose run it is
+        if not (run_dir / 'config.json').exists():  # a fresh run: its identity first, whatever is killed later
+            record_identity(cfg, run_dir, data, code)
         check_resume(run_dir, cfg)
     _barrier(world_size)
-    model, opt, gen, step = restore_model(cfg, run_dir, data, device)
+    model, opt, gen, step = restore_model(cfg, run_dir, data, device)  # the checkpoint's own records checked
     if rank == 0:
+        record_identity(cfg, run_dir, data, code)
         set_status(run_dir, 'running', step)
     if cfg.compile:
         model.loop = torch.compile(model.loop)  # one graph for the shared stack, whatever the exit depth
