@@ -130,9 +130,15 @@ def trainer_part(cfg, device, steps: int) -> dict:
     return res
 
 
-def model_parts(cfg, device, dry: bool) -> dict:
-    "Per-loop vs terminal loss (tokens/s, MFU, memory), exit-depth evaluation and recompiles, flash attention."
-    res = {}
+def free_memory(device):
+    "Collect garbage and, on CUDA, return the cached blocks to the device."
+    gc.collect()
+    if device.type == 'cuda':
+        torch.cuda.empty_cache()
+
+
+def compiled_model(cfg, device, dry: bool):
+    "The preset's model on `device`, its shared stack compiled as the trainer does; dynamo's graph count reset."
     c = LoopedLMConfig.from_experiment(cfg)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()  # count this model's graphs only
@@ -141,21 +147,17 @@ def model_parts(cfg, device, dry: bool) -> dict:
     model.loop = torch.compile(
         model.loop, backend='eager' if dry else 'inductor'
     )  # as the trainer: one graph for the stack
-    x, y = synthetic_batch(cfg, device)
-    tok = cfg.batch_size * cfg.seq_len
-    g0 = graphs()
+    return c, model
+
+
+def loss_peak_memory(model, cfg, device, x, y) -> dict:
+    "Peak memory of a training step, per-loop and terminal, chunked and unchunked, each alone with its own AdamW."
     # -- loss: per-loop vs terminal, chunked as the preset and unchunked. Memory: each variant alone with its own
     #    AdamW (the previous one freed); speed: the two chunked variants interleaved.
     variants = [('perloop', cfg.ce_chunk), ('terminal', cfg.ce_chunk)]
     if cfg.ce_chunk:
         variants += [('perloop', 0), ('terminal', 0)]
     loss = {}
-
-    def free():
-        gc.collect()
-        if device.type == 'cuda':
-            torch.cuda.empty_cache()
-
     for lo, ch in variants:
         name, step = f'{lo}/chunk={ch}', None
         try:
@@ -170,7 +172,13 @@ def model_parts(cfg, device, dry: bool) -> dict:
             loss[name] = dict(error=f'out of memory: {str(e)[:200]}')
         del step
         model.zero_grad(set_to_none=True)
-        free()
+        free_memory(device)
+    return loss
+
+
+def loss_speed(model, cfg, c, device, x, y, dry: bool, loss: dict):
+    "Step time, tokens/s and MFU of per-loop and terminal loss (chunked as the preset), interleaved, into `loss`."
+    tok = cfg.batch_size * cfg.seq_len
     steps = {
         f'{lo}/chunk={cfg.ce_chunk}': make_step(model, cfg.replace(loss=lo), device) for lo in ('perloop', 'terminal')
     }
@@ -185,17 +193,25 @@ def model_parts(cfg, device, dry: bool) -> dict:
             mfu=tok * f / med(v) / PEAK_BF16_FLOPS if device.type == 'cuda' else None,
             train_flops_per_token=f,
         )
+
+
+def loss_part(model, cfg, c, device, x, y, dry: bool, g0: int) -> dict:
+    "Per-loop against terminal loss: memory and speed of each variant, their ratios, the graphs compiled."
+    loss = loss_peak_memory(model, cfg, device, x, y)
+    loss_speed(model, cfg, c, device, x, y, dry, loss)
     P, T = loss[f'perloop/chunk={cfg.ce_chunk}'], loss[f'terminal/chunk={cfg.ce_chunk}']
-    res['loss'] = dict(
+    return dict(
         variants=loss,
         graphs_after_training=graphs() - g0,
         speed_ratio_perloop_over_terminal=med(T['seconds_per_step']) / med(P['seconds_per_step']),
         peak_ratio_perloop_over_terminal=P.get('peak_mem_gib', float('nan')) / T.get('peak_mem_gib', float('nan')),
     )
-    del steps
-    model.zero_grad(set_to_none=True)
-    free()
+
+
+def exit_depth_part(model, cfg, c, device, x, y, dry: bool, g0: int) -> dict:
+    "Teacher-forced evaluation at exit k=1..K: tokens/s, speed-up against FLOP ratio, graphs captured."
     # -- exit depth: teacher-forced evaluation, no recompile when k changes
+    tok = cfg.batch_size * cfg.seq_len
     model.eval()
 
     def ev(k):
@@ -213,31 +229,49 @@ def model_parts(cfg, device, dry: bool) -> dict:
         {f'k={k}': ev(k) for k in range(1, c.K + 1)}, rounds=3, reps=2 if dry else 5, warmup=1, device=device
     )
     fl = {k: forward_flops_per_token(c, cfg.seq_len, exit_k=k) for k in range(1, c.K + 1)}
-    res['exit_depth'] = dict(
+    res = dict(
         tokens_per_s={k: tok / med(v) for k, v in t.items()},
         speedup_k1=med(t[f'k={c.K}']) / med(t['k=1']),
         flop_ratio_k1=fl[c.K] / fl[1],
         graphs_after_first_evals=g_eval - g0,  # training (grad) + evaluation (no_grad) graphs
         new_graphs_while_changing_exit_depth=graphs() - g_eval,
     )
-    res['exit_depth']['efficiency_k1'] = res['exit_depth']['speedup_k1'] / res['exit_depth']['flop_ratio_k1']
-    # -- flash attention for the block's shapes
-    if device.type == 'cuda':
-        from torch.nn.attention import sdpa_kernel, SDPBackend
+    res['efficiency_k1'] = res['speedup_k1'] / res['flop_ratio_k1']
+    return res
 
-        try:
-            with torch.no_grad(), autocast(cfg, device), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-                model.stack[0](model.embed(x))
-            res['flash_attention'] = True
-        except RuntimeError as e:
-            res['flash_attention'] = f'not usable: {str(e)[:300]}'
-    else:
-        res['flash_attention'] = None
+
+def flash_attention(model, cfg, device, x):
+    "True if SDPA runs the block's attention with the flash kernel, the reason if not; None off CUDA."
+    # -- flash attention for the block's shapes
+    if device.type != 'cuda':
+        return None
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+
+    try:
+        with torch.no_grad(), autocast(cfg, device), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            model.stack[0](model.embed(x))
+        return True
+    except RuntimeError as e:
+        return f'not usable: {str(e)[:300]}'
+
+
+def model_parts(cfg, device, dry: bool) -> dict:
+    "Per-loop vs terminal loss (tokens/s, MFU, memory), exit-depth evaluation and recompiles, flash attention."
+    res = {}
+    c, model = compiled_model(cfg, device, dry)
+    x, y = synthetic_batch(cfg, device)
+    g0 = graphs()
+    res['loss'] = loss_part(model, cfg, c, device, x, y, dry, g0)
+    model.zero_grad(set_to_none=True)
+    free_memory(device)
+    res['exit_depth'] = exit_depth_part(model, cfg, c, device, x, y, dry, g0)
+    res['flash_attention'] = flash_attention(model, cfg, device, x)
     res['fused_adamw'] = device.type == 'cuda'  # make_optimizer: fused=True on CUDA
     return res
 
 
-def markdown(res: dict) -> str:
+def markdown_summary(res: dict) -> list:
+    "Title, machine line and the table of one row per preset."
     m = res['machine']
     L = [
         '# GPU check of looped-lm',
@@ -264,7 +298,12 @@ def markdown(res: dict) -> str:
             f"{f(lo.get('peak_ratio_perloop_over_terminal'), '.3f')} | {f(ex.get('efficiency_k1'), '.3f')} | "
             f"{ex.get('new_graphs_while_changing_exit_depth', '-')} | {r.get('flash_attention', '-')} |"
         )
-    L += ['', '| preset | loss / readout chunk | tokens/s | MFU | peak GiB |', '|---|---|---:|---:|---:|']
+    return L
+
+
+def markdown_loss_variants(res: dict) -> list:
+    "The table of every loss / readout-chunk variant of every preset."
+    L = ['', '| preset | loss / readout chunk | tokens/s | MFU | peak GiB |', '|---|---|---:|---:|---:|']
     for p, r in res['presets'].items():
         for name, v in r.get('loss', {}).get('variants', {}).items():
             tps, mfu, pk = v.get('tokens_per_s'), v.get('mfu'), v.get('peak_mem_gib')
@@ -272,7 +311,12 @@ def markdown(res: dict) -> str:
                 f"| {p} | {name} | {'-' if tps is None else f'{tps:,.0f}'} | {'-' if mfu is None else f'{mfu:.3f}'} | "
                 f"{'-' if pk is None else f'{pk:.1f}'}{' ' + v['error'] if 'error' in v else ''} |"
             )
-    L += [
+    return L
+
+
+def markdown_syncs(res: dict) -> list:
+    "The host synchronisations inside `train()`, one line per preset."
+    L = [
         '',
         'Host synchronisations reported inside `train()` '
         '(sync-debug mode; a per-step sync has a count near the step count):',
@@ -290,13 +334,19 @@ def markdown(res: dict) -> str:
                 else 'n/a'
             )
         )
+    return L
+
+
+def markdown(res: dict) -> str:
+    L = markdown_summary(res) + markdown_loss_variants(res) + markdown_syncs(res)
     errs = {p: r['errors'] for p, r in res['presets'].items() if r.get('errors')}
     if errs:
         L += ['', 'Errors:', ''] + [f"- {p}: {e}" for p, es in errs.items() for e in es]
     return '\n'.join(L) + '\n'
 
 
-def main():
+def parse_args():
+    "The command line: results folder, presets, trainer steps, time budget, dry run."
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument(
         '--out',
@@ -309,7 +359,67 @@ def main():
     ap.add_argument(
         '--dry-run', action='store_true', help='CPU, smoke-sized shapes, eager compile: checks the code paths'
     )
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def smoke_sized(cfg):
+    "The preset's options at the smoke preset's sizes, on the CPU (for --dry-run)."
+    s = load_preset('smoke')
+    return cfg.replace(
+        vocab_size=s.vocab_size,
+        d_model=s.d_model,
+        n_layers=s.n_layers,
+        n_heads=s.n_heads,
+        max_seq_len=s.max_seq_len,
+        seq_len=s.seq_len,
+        stride=cfg.stride and max(1, cfg.stride * s.seq_len // cfg.seq_len),  # the preset's overlap at smoke length
+        batch_size=4,
+        ce_chunk=32,
+        device='cpu',
+        dtype='float32',
+        compile=False,
+    )
+
+
+def run_parts(cfg, device, dry: bool, trainer_steps: int, r: dict, res: dict, out: Path, t0: float, left):
+    "Run the trainer and model parts of one preset into `r`, within the time budget, writing gpu.json after each."
+    for part, fn in (
+        ('trainer', lambda: trainer_part(cfg, device, 4 if dry else trainer_steps)),
+        ('model', lambda: model_parts(cfg, device, dry)),
+    ):
+        if left() < (0 if dry else 60):
+            r['errors'].append(f'{part}: skipped, out of time budget')
+            continue
+        try:
+            got = fn()
+            if part == 'trainer':
+                r['trainer'] = got
+            else:
+                r.update(got)
+        except Exception as e:
+            r['errors'].append(f'{part}: {type(e).__name__}: {e}')
+            traceback.print_exc()
+        gc.collect()
+        if device.type == 'cuda':
+            torch.cuda.empty_cache()
+        res['wall_s'] = time.time() - t0
+        write_json(out / 'gpu.json', res)
+        print(f"   {part} done at {time.time() - t0:.0f} s", flush=True)
+
+
+def write_results(res: dict, out: Path, t0: float):
+    "Write gpu.json and gpu.md, print the report, and exit 1 if any preset had errors."
+    res['wall_s'] = time.time() - t0
+    write_json(out / 'gpu.json', res)
+    (out / 'gpu.md').write_text(markdown(res))
+    print(markdown(res))
+    print(f"wrote {out / 'gpu.json'} and {out / 'gpu.md'}")
+    if any(r['errors'] for r in res['presets'].values()):
+        sys.exit(1)
+
+
+def main():
+    a = parse_args()
     t0 = time.time()
     dry = a.dry_run or not torch.cuda.is_available()
     if not a.dry_run and not torch.cuda.is_available():
@@ -325,22 +435,7 @@ def main():
     for p in a.presets:
         cfg = load_preset(p)
         if dry:  # the preset's options, the smoke preset's sizes, on the CPU
-            s = load_preset('smoke')
-            cfg = cfg.replace(
-                vocab_size=s.vocab_size,
-                d_model=s.d_model,
-                n_layers=s.n_layers,
-                n_heads=s.n_heads,
-                max_seq_len=s.max_seq_len,
-                seq_len=s.seq_len,
-                stride=cfg.stride
-                and max(1, cfg.stride * s.seq_len // cfg.seq_len),  # the preset's overlap at smoke length
-                batch_size=4,
-                ce_chunk=32,
-                device='cpu',
-                dtype='float32',
-                compile=False,
-            )
+            cfg = smoke_sized(cfg)
         r = res['presets'][p] = dict(
             seq_len=cfg.seq_len, batch_size=cfg.batch_size, ce_chunk=cfg.ce_chunk, dtype=cfg.dtype, errors=[]
         )
@@ -350,35 +445,8 @@ def main():
             f"== {p}: {r['params'] / 1e6:.1f}M parameters, {cfg.batch_size}x{cfg.seq_len} tokens, {left():.0f} s left",
             flush=True,
         )
-        for part, fn in (
-            ('trainer', lambda: trainer_part(cfg, device, 4 if dry else a.trainer_steps)),
-            ('model', lambda: model_parts(cfg, device, dry)),
-        ):
-            if left() < (0 if dry else 60):
-                r['errors'].append(f'{part}: skipped, out of time budget')
-                continue
-            try:
-                got = fn()
-                if part == 'trainer':
-                    r['trainer'] = got
-                else:
-                    r.update(got)
-            except Exception as e:
-                r['errors'].append(f'{part}: {type(e).__name__}: {e}')
-                traceback.print_exc()
-            gc.collect()
-            if device.type == 'cuda':
-                torch.cuda.empty_cache()
-            res['wall_s'] = time.time() - t0
-            write_json(out / 'gpu.json', res)
-            print(f"   {part} done at {time.time() - t0:.0f} s", flush=True)
-    res['wall_s'] = time.time() - t0
-    write_json(out / 'gpu.json', res)
-    (out / 'gpu.md').write_text(markdown(res))
-    print(markdown(res))
-    print(f"wrote {out / 'gpu.json'} and {out / 'gpu.md'}")
-    if any(r['errors'] for r in res['presets'].values()):
-        sys.exit(1)
+        run_parts(cfg, device, dry, a.trainer_steps, r, res, out, t0, left)
+    write_results(res, out, t0)
 
 
 if __name__ == '__main__':

@@ -53,13 +53,8 @@ med = statistics.median
 # 1. Equal FLOPs
 
 
-def equal_flops(preset: str, seq_len: int, batch_size: int, rounds: int, reps: int) -> dict:
-    cfg = cpu_config(preset, ce_chunk=0, seq_len=seq_len, batch_size=batch_size)
-    c = LoopedLMConfig.from_experiment(cfg)
-    n_gpt = c.n_layers * c.K
-    torch.manual_seed(0)
-    looped_t, looped_p, gpt = LoopedLM(c), LoopedLM(c), GPT(c, n_gpt)
-    x, y = synthetic_batch(cfg, 'cpu')
+def equal_flops_times(cfg, looped_t, looped_p, gpt, x, y, rounds: int, reps: int):
+    "Interleaved step times of the looped model (terminal, per-loop) and the GPT: whole, fwd+bwd and optimizer."
     steps = {
         'looped_terminal': make_step(looped_t, cfg.replace(loss='terminal'), torch.device('cpu')),
         'looped_perloop': make_step(looped_p, cfg.replace(loss='perloop'), torch.device('cpu')),
@@ -68,6 +63,32 @@ def equal_flops(preset: str, seq_len: int, batch_size: int, rounds: int, reps: i
     t = interleaved_times({k: (lambda s=s: s(x, y)) for k, s in steps.items()}, rounds, reps)
     fb = {k: [p[0] for p in s.phases[1:]] for k, s in steps.items()}  # forward+backward part of each timed step
     op = {k: [p[1] for p in s.phases[1:]] for k, s in steps.items()}  # clip + AdamW part
+    return t, fb, op
+
+
+def equal_flops_ratios(t: dict, fb: dict, op: dict, f_loop: float, f_perloop: float) -> dict:
+    "Speed ratios of the equal-FLOPs contestants, AdamW shares, and the per-loop / terminal FLOP ratio."
+    return dict(
+        ratio_looped_terminal_over_gpt=med(t['gpt']) / med(t['looped_terminal']),
+        ratio_looped_terminal_over_gpt_best=min(t['gpt']) / min(t['looped_terminal']),  # from each one's fastest round
+        ratio_looped_terminal_over_gpt_fwd_bwd=med(fb['gpt']) / med(fb['looped_terminal']),
+        optimizer_share=dict(
+            looped_terminal=med(op['looped_terminal']) / med(t['looped_terminal']), gpt=med(op['gpt']) / med(t['gpt'])
+        ),
+        ratio_looped_perloop_over_gpt=med(t['gpt']) / med(t['looped_perloop']),
+        ratio_perloop_over_terminal=med(t['looped_terminal']) / med(t['looped_perloop']),
+        flop_ratio_perloop_over_terminal=f_loop / f_perloop,
+    )
+
+
+def equal_flops(preset: str, seq_len: int, batch_size: int, rounds: int, reps: int) -> dict:
+    cfg = cpu_config(preset, ce_chunk=0, seq_len=seq_len, batch_size=batch_size)
+    c = LoopedLMConfig.from_experiment(cfg)
+    n_gpt = c.n_layers * c.K
+    torch.manual_seed(0)
+    looped_t, looped_p, gpt = LoopedLM(c), LoopedLM(c), GPT(c, n_gpt)
+    x, y = synthetic_batch(cfg, 'cpu')
+    t, fb, op = equal_flops_times(cfg, looped_t, looped_p, gpt, x, y, rounds, reps)
     tok = batch_size * seq_len
     f_loop = train_flops_per_token(c, seq_len, 'terminal')
     f_gpt = 3 * gpt_flops_per_token(c, n_gpt, seq_len)
@@ -93,20 +114,24 @@ def equal_flops(preset: str, seq_len: int, batch_size: int, rounds: int, reps: i
         tokens_per_s={k: tok / med(v) for k, v in t.items()},
         seconds_fwd_bwd=fb,
         seconds_optimizer=op,
-        ratio_looped_terminal_over_gpt=med(t['gpt']) / med(t['looped_terminal']),
-        ratio_looped_terminal_over_gpt_best=min(t['gpt']) / min(t['looped_terminal']),  # from each one's fastest round
-        ratio_looped_terminal_over_gpt_fwd_bwd=med(fb['gpt']) / med(fb['looped_terminal']),
-        optimizer_share=dict(
-            looped_terminal=med(op['looped_terminal']) / med(t['looped_terminal']), gpt=med(op['gpt']) / med(t['gpt'])
-        ),
-        ratio_looped_perloop_over_gpt=med(t['gpt']) / med(t['looped_perloop']),
-        ratio_perloop_over_terminal=med(t['looped_terminal']) / med(t['looped_perloop']),
-        flop_ratio_perloop_over_terminal=f_loop / train_flops_per_token(c, seq_len, 'perloop'),
+        **equal_flops_ratios(t, fb, op, f_loop, train_flops_per_token(c, seq_len, 'perloop')),
     )
 
 
 # ---------------------------------------------------------------------------------------------------------
 # 2. Exit depth
+
+
+def exit_speedups(t: dict, flops: dict, ks: list, K: int, ch: int) -> dict:
+    "Speed-up against exit K and efficiency (speed-up / FLOP ratio) at every exit k, for readout chunk `ch`."
+    sp = {k: med(t[f'k={K}/chunk={ch}']) / med(t[f'k={k}/chunk={ch}']) for k in ks}
+    tag = 'chunked' if ch else 'plain'
+    return {
+        f'speedup_vs_k_max_{tag}': {f'k={k}': v for k, v in sp.items()},
+        f'efficiency_{tag}': {f'k={k}': sp[k] * flops[k] / flops[K] for k in ks},
+        f'efficiency_k1_{tag}': sp[1] * flops[1] / flops[K],
+        f'efficiency_k1_{tag}_best': min(t[f'k={K}/chunk={ch}']) / min(t[f'k=1/chunk={ch}']) * flops[1] / flops[K],
+    }
 
 
 def exit_depth(preset: str, seq_len: int, batch_size: int, rounds: int, reps: int, ce_chunk: int) -> dict:
@@ -140,14 +165,7 @@ def exit_depth(preset: str, seq_len: int, batch_size: int, rounds: int, reps: in
         flop_ratio_vs_k_max={f'k={k}': flops[c.K] / flops[k] for k in ks},
     )
     for ch in chunks:
-        sp = {k: med(t[f'k={c.K}/chunk={ch}']) / med(t[f'k={k}/chunk={ch}']) for k in ks}
-        tag = 'chunked' if ch else 'plain'
-        res[f'speedup_vs_k_max_{tag}'] = {f'k={k}': v for k, v in sp.items()}
-        res[f'efficiency_{tag}'] = {f'k={k}': sp[k] * flops[k] / flops[c.K] for k in ks}
-        res[f'efficiency_k1_{tag}'] = sp[1] * flops[1] / flops[c.K]
-        res[f'efficiency_k1_{tag}_best'] = (
-            min(t[f'k={c.K}/chunk={ch}']) / min(t[f'k=1/chunk={ch}']) * flops[1] / flops[c.K]
-        )
+        res.update(exit_speedups(t, flops, ks, c.K, ch))
     res.update(
         speedup_k1=res['speedup_vs_k_max_chunked']['k=1'],
         flop_ratio_k1=flops[c.K] / flops[1],
@@ -226,7 +244,8 @@ def readout_speed(preset: str, seq_len: int, batch_size: int, ce_chunk: int, rou
     return interleaved_times({k: (lambda s=s: s(x, y)) for k, s in steps.items()}, rounds, 1)
 
 
-def readout_cost(preset: str, seq_len: int, batch_size: int, ce_chunk: int, steps: int, rounds: int) -> dict:
+def memory_probe_runs(preset: str, seq_len: int, batch_size: int, ce_chunk: int, steps: int) -> dict:
+    "Run `memory_probe` in a fresh process for terminal and per-loop loss, chunked and plain readout CE."
     runs = {}
     for loss in ('terminal', 'perloop'):
         for chunk in (ce_chunk, 0):
@@ -247,6 +266,11 @@ def readout_cost(preset: str, seq_len: int, batch_size: int, ce_chunk: int, step
                 f"{r['base_rss_mib']:.0f}), {med(r['seconds_per_step']):.2f} s/step",
                 flush=True,
             )
+    return runs
+
+
+def readout_cost(preset: str, seq_len: int, batch_size: int, ce_chunk: int, steps: int, rounds: int) -> dict:
+    runs = memory_probe_runs(preset, seq_len, batch_size, ce_chunk, steps)
     P, T = runs[f'perloop/chunk={ce_chunk}'], runs[f'terminal/chunk={ce_chunk}']
     P0, T0 = runs['perloop/chunk=0'], runs['terminal/chunk=0']
     c = LoopedLMConfig.from_experiment(bench_config(preset))
@@ -293,9 +317,10 @@ def best(g: dict) -> str:
     return f" ({g['best']:.3f})" if 'best' in g else ''
 
 
-def markdown(res: dict) -> str:
-    m, goals = res['machine'], res['goals']
-    L = [
+def markdown_intro(res: dict) -> list:
+    "Title, machine and run line, and how to read the figures."
+    m = res['machine']
+    return [
         f"# CPU benchmarks of looped-lm",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads, {m['cpu_capability']}), "
@@ -310,6 +335,13 @@ def markdown(res: dict) -> str:
         "Every figure is a ratio of two measurements taken in this run (median over interleaved rounds). "
         "Absolute CPU tokens/s are in `cpu.json` only.",
         "",
+    ]
+
+
+def markdown_goals(res: dict) -> list:
+    "The Goals section: one row per goal, measured against its target."
+    goals = res['goals']
+    L = [
         "## Goals",
         "",
         "| goal | measured | target | met |",
@@ -325,7 +357,12 @@ def markdown(res: dict) -> str:
         "Speed ratios are of medians over the interleaved rounds; "
         "in brackets, the ratio of each contestant's fastest round.",
     ]
-    L += [
+    return L
+
+
+def markdown_equal_flops(res: dict) -> list:
+    "Section 1: the equal-FLOPs table, one row per size."
+    L = [
         "",
         "## 1. Equal FLOPs: looped (L shared layers x K) against a GPT of L*K layers",
         "",
@@ -351,8 +388,13 @@ def markdown(res: dict) -> str:
             f"{r['ratio_looped_perloop_over_gpt']:.3f} | "
             f"{r['ratio_perloop_over_terminal']:.3f} ({r['flop_ratio_perloop_over_terminal']:.3f}) |"
         )
+    return L
+
+
+def markdown_exit_depth(res: dict) -> list:
+    "Section 2: speed-up and efficiency at every exit k, chunked and plain readout CE."
     e = res['exit_depth']
-    L += [
+    L = [
         "",
         f"## 2. Exit depth: teacher-forced evaluation at exit k "
         f"({e['preset']} size: d={e['d_model']}, L={e['n_layers']}, K={e['K']}, "
@@ -373,9 +415,13 @@ def markdown(res: dict) -> str:
             f"{e['efficiency_chunked'][kk]:.3f} | "
             f"{e['speedup_vs_k_max_plain'][kk]:.3f} | {e['efficiency_plain'][kk]:.3f} |"
         )
+    return L
+
+
+def markdown_readout_cost(res: dict) -> list:
+    "Section 3: peak, step and saved memory of every readout configuration, then the summary paragraph."
     r = res['readout_cost']
-    n, d = r['tokens_per_step'], r['d_model']
-    L += [
+    L = [
         "",
         f"## 3. Per-loop readout cost "
         f"({r['preset']} size, vocab {r['vocab_size']}; seq {r['seq_len']} x batch {r['batch_size']} "
@@ -396,7 +442,13 @@ def markdown(res: dict) -> str:
             f"| {run['loss']} | {run['ce_chunk']} | {run['peak_rss_mib']:.0f} | {run['step_mib']:.0f} | "
             f"{run['saved_for_backward_mib']:.0f} |"
         )
-    L += [
+    return L + markdown_readout_summary(r)
+
+
+def markdown_readout_summary(r: dict) -> list:
+    "Section 3's paragraph: the per-loop / terminal ratios, and why chunking keeps the readout's memory flat."
+    n, d = r['tokens_per_step'], r['d_model']
+    return [
         "",
         f"Per-loop / terminal, chunked: peak memory **{r['peak_ratio_perloop_over_terminal']:.3f}x** (step memory "
         f"{r['step_mem_ratio_perloop_over_terminal']:.3f}x, "
@@ -416,10 +468,16 @@ def markdown(res: dict) -> str:
         f"plain path's is {32 * 1024 / d:.0f}x larger).",
         "",
     ]
+
+
+def markdown(res: dict) -> str:
+    L = markdown_intro(res) + markdown_goals(res)
+    L += markdown_equal_flops(res) + markdown_exit_depth(res) + markdown_readout_cost(res)
     return '\n'.join(L)
 
 
-def main():
+def parse_args():
+    "The command line: --quick, --out, --threads, and the hidden --memory-probe of the subprocesses."
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument(
         '--quick',
@@ -437,52 +495,50 @@ def main():
         "on each other and the timings scatter)",
     )
     ap.add_argument('--memory-probe', default=None, help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if not a.memory_probe:
-        n = (torch.get_num_threads() if busy_cores() < 0.3 else 1) if a.threads == 'auto' else int(a.threads)
-        torch.set_num_threads(n)
-        os.environ['OMP_NUM_THREADS'] = str(n)  # here and in the memory probes
-    if a.memory_probe:
-        print(json.dumps(memory_probe(json.loads(a.memory_probe))))
-        return
-    out = Path(a.out) if a.out else (SCRATCH / 'quick' if a.quick else RESULTS)
-    t0 = time.time()
-    res = dict(
-        machine={**machine(), 'busy_cores_at_start': busy_cores()},
-        quick=a.quick,
-        date=time.strftime('%Y-%m-%d %H:%M'),
-        command=' '.join(['python', 'benchmarks/run_cpu.py', *sys.argv[1:]]),
-    )
-    print(res['machine'], flush=True)
-    Q = a.quick
-    small, big = ('smoke', 'smoke') if Q else ('cpu', 'paper-44m')  # --quick: the smoke preset's tiny model everywhere
+    return ap.parse_args()
+
+
+def set_threads(threads: str):
+    "Set torch's threads (and OMP_NUM_THREADS, inherited by the memory probes) from --threads."
+    n = (torch.get_num_threads() if busy_cores() < 0.3 else 1) if threads == 'auto' else int(threads)
+    torch.set_num_threads(n)
+    os.environ['OMP_NUM_THREADS'] = str(n)  # here and in the memory probes
+
+
+def run_equal_flops(Q: bool, small: str, big: str) -> list:
+    "Benchmark 1 at the small and the big size, printing each one's ratios."
     print('1. equal FLOPs', flush=True)
-    res['equal_flops'] = [
+    runs = [
         equal_flops(small, 64 if not Q else 32, 16, rounds=2 if Q else 7, reps=1 if Q else 3),
         equal_flops(big, 32 if Q else 128, 2 if Q else 4, rounds=2 if Q else 3, reps=1),
     ]
-    for r in res['equal_flops']:
+    for r in runs:
         print(
             f"  {r['preset']}: looped terminal / GPT {r['ratio_looped_terminal_over_gpt']:.3f} "
             f"(fwd+bwd {r['ratio_looped_terminal_over_gpt_fwd_bwd']:.3f}), "
             f"per-loop / GPT {r['ratio_looped_perloop_over_gpt']:.3f}",
             flush=True,
         )
+    return runs
+
+
+def run_exit_depth(Q: bool, big: str) -> dict:
+    "Benchmark 2 at the big size, printing its k=1 efficiency."
     print('2. exit depth', flush=True)
-    res['exit_depth'] = e = exit_depth(
-        big, 32 if Q else 128, 4 if Q else 8, rounds=2 if Q else 3, reps=1, ce_chunk=32 if Q else 256
-    )
+    e = exit_depth(big, 32 if Q else 128, 4 if Q else 8, rounds=2 if Q else 3, reps=1, ce_chunk=32 if Q else 256)
     print(
         f"  k=1 speed-up {e['speedup_k1']:.3f} vs FLOP ratio {e['flop_ratio_k1']:.3f}: "
         f"efficiency {e['efficiency_k1']:.3f} "
         f"(plain CE {e['efficiency_k1_plain']:.3f})",
         flush=True,
     )
-    print('3. per-loop readout cost', flush=True)
-    res['readout_cost'] = r = readout_cost(
-        big, 32 if Q else 128, 4, ce_chunk=32 if Q else 128, steps=1, rounds=2 if Q else 3
-    )
-    res['goals'] = [
+    return e
+
+
+def goal_records(res: dict, big: str) -> list:
+    "The goals the results are checked against, each with its measured value and whether it is met."
+    e, r = res['exit_depth'], res['readout_cost']
+    gs = [
         dict(
             what=f"equal FLOPs, {x['preset']} size: looped (terminal) / GPT step speed",
             measured=x['ratio_looped_terminal_over_gpt'],
@@ -492,7 +548,7 @@ def main():
         )
         for x in res['equal_flops']
     ]
-    res['goals'] += [
+    gs += [
         dict(
             what=f'exit depth, {big} size: speed-up k=1 vs k=4 / FLOP ratio (chunked readout CE)',
             measured=e['efficiency_k1'],
@@ -507,8 +563,13 @@ def main():
             target=1.3,
         ),
     ]
-    for g in res['goals']:
+    for g in gs:
         g['met'] = bool(g['measured'] >= g['target'] if g['op'] == '>=' else g['measured'] <= g['target'])
+    return gs
+
+
+def write_results(res: dict, out: Path, t0: float):
+    "Record the run's wall time and final load, write cpu.json and cpu.md, and print the report."
     res['wall_s'] = time.time() - t0
     res['machine']['load_average_1min_at_end'] = os.getloadavg()[0]
     res['machine']['busy_cores_at_end'] = busy_cores()
@@ -516,6 +577,34 @@ def main():
     (out / 'cpu.md').write_text(markdown(res))
     print(markdown(res))
     print(f"wrote {out / 'cpu.json'} and {out / 'cpu.md'} in {res['wall_s']:.0f} s")
+
+
+def main():
+    a = parse_args()
+    if not a.memory_probe:
+        set_threads(a.threads)
+    if a.memory_probe:
+        print(json.dumps(memory_probe(json.loads(a.memory_probe))))
+        return
+    out = Path(a.out) if a.out else (SCRATCH / 'quick' if a.quick else RESULTS)
+    t0 = time.time()
+    res = dict(
+        machine={**machine(), 'busy_cores_at_start': busy_cores()},
+        quick=a.quick,
+        date=time.strftime('%Y-%m-%d %H:%M'),
+        command=' '.join(['python', 'benchmarks/run_cpu.py', *sys.argv[1:]]),
+    )
+    print(res['machine'], flush=True)
+    Q = a.quick
+    small, big = ('smoke', 'smoke') if Q else ('cpu', 'paper-44m')  # --quick: the smoke preset's tiny model everywhere
+    res['equal_flops'] = run_equal_flops(Q, small, big)
+    res['exit_depth'] = run_exit_depth(Q, big)
+    print('3. per-loop readout cost', flush=True)
+    res['readout_cost'] = readout_cost(
+        big, 32 if Q else 128, 4, ce_chunk=32 if Q else 128, steps=1, rounds=2 if Q else 3
+    )
+    res['goals'] = goal_records(res, big)
+    write_results(res, out, t0)
 
 
 if __name__ == '__main__':

@@ -27,7 +27,7 @@ from looped_lm.studies.runner import (
     grid_dirs,
     check_spawn_guard,
     job_data,
-    run_jobs,
+    run_plan_jobs,
     study_lock,
 )
 from safetensors.torch import load_model
@@ -224,26 +224,19 @@ def drift_law(df: pd.DataFrame, split_step: int, variant: str = AT_RISK, clock: 
         err_out=float(per.err_out.mean()),
     )
     out['usable'] = bool(out['err_out'] < math.log(2))
+    out['carry'] = _carry(seeds, clock, width)
+    return out
+
+
+def _carry(seeds: dict, clock: str, width: float) -> pd.DataFrame:
+    "Per paper scale: the per-seed fits' prediction at the paper's clock (mean and 95% t interval), RMS and L2."
     carry = []
     for scale, at in PAPER_CLOCK[clock].items():
         ln = [np.log(f['fit']['predict'](at)[0]) for f in seeds.values()]
         m, lo, hi = (float(np.exp(v)) for v in t_interval(ln))
-        carry.append(
-            dict(
-                scale=scale,
-                clock=at,
-                rms=m / width,
-                rms_lo=lo / width,
-                rms_hi=hi / width,
-                paper_rms=PAPER_DRIFT_RMS[scale],
-                l2=m,
-                l2_lo=lo,
-                l2_hi=hi,
-                paper_l2=PAPER_DRIFT[scale],
-            )
-        )
-    out['carry'] = pd.DataFrame(carry).set_index('scale')
-    return out
+        rms = dict(rms=m / width, rms_lo=lo / width, rms_hi=hi / width, paper_rms=PAPER_DRIFT_RMS[scale])
+        carry.append(dict(scale=scale, clock=at, **rms, l2=m, l2_lo=lo, l2_hi=hi, paper_l2=PAPER_DRIFT[scale]))
+    return pd.DataFrame(carry).set_index('scale')
 
 # %% ../../nbs/06c_horizon.ipynb #fc2a694a
 def clock_of(cfg: ExperimentConfig, step: int) -> dict:
@@ -729,24 +722,9 @@ def run_horizon(
             flush=True,
         )
     tokens = (plan.spec.measure_tokens, plan.spec.radial_tokens)
-    jobs = [
-        dict(
-            label=j.label,
-            run_dir=j.keep_dir,
-            cfg=j.cfg,
-            job=j,
-            data=data,
-            data_dir=data_dir,
-            tokens=tokens,
-            device=plan.device,
-            progress=progress,
-        )
-        for j in plan.jobs
-    ]
     from looped_lm.extensions import horizon as mod  # the exported work function: what a spawned worker can import
 
-    states = run_jobs(jobs, mod._horizon_one, plan.workers, plan.device, lock_wait)
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    states = run_plan_jobs(plan, mod._horizon_one, data, data_dir, lock_wait, progress, tokens=tokens)
     with study_lock(plan.out_dir):
         res = analyse(plan, horizon_table(plan_records(plan, data)), states)
         write_horizon(res)

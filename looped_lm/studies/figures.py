@@ -5,7 +5,7 @@ subset of variants and seeds."""
 
 # %% ../../nbs/04e_figures.ipynb #79d9656f
 from __future__ import annotations
-import errno, io, math, os, re
+import io, math, os, re
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -16,7 +16,6 @@ from ..core.config import ExperimentConfig
 from ..core.files import write_atomic
 from ..model.lemmas import radial_fraction
 from ..model.looped import LoopedLMConfig, forward_flops_per_token
-from ..training.rundir import read_json, read_metrics
 from .variants import VARIANTS, check_variants, check_seeds
 from .tables import endpoint, read_throughput
 from .ablation import collect
@@ -34,19 +33,6 @@ class ResultsError(RuntimeError):
 
 # %% ../../nbs/04e_figures.ipynb #26ea7147
 RERUN = "rerun nbs/05_ablation.ipynb on this out_dir (it retrains nothing and recomputes only what is missing)"
-
-
-def _damaged_results(path: Path, e: Exception):
-    "A damaged results file (`read_json`'s `damaged`): a `ResultsError` naming it and the fix."
-    raise ResultsError(f"{path} is damaged ({type(e).__name__}: {e}). Delete that file and {RERUN}.") from None
-
-
-def read_results_json(path: Path):
-    """The JSON value in `path` (a missing file: `FileNotFoundError`); a damaged file is a `ResultsError` naming it
-    and the fix, never a raw JSONDecodeError."""
-    if not Path(path).exists():
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
-    return read_json(path, damaged=_damaged_results)
 
 # %% ../../nbs/04e_figures.ipynb #4c839c7d
 def variant_order(names) -> list:
@@ -108,15 +94,8 @@ def load_results(out_dir, variants=None, seeds=None) -> Results:
             if (r['variant'], r['seed']) in found:
                 notes.append(f"{r['variant']} seed {r['seed']}: left out ({r['status']}; {RERUN}).")
             continue
-        rd = Path(r['run_dir'])
         runs.setdefault(r['variant'], []).append(
-            dict(
-                seed=r['seed'],
-                run_dir=rd,
-                diag=r['diag'],
-                metrics=read_metrics(rd, 'train'),
-                config=read_results_json(rd / 'config.json'),
-            )
+            dict(seed=r['seed'], run_dir=Path(r['run_dir']), diag=r['diag'], metrics=r['metrics'], config=r['config'])
         )
     notes += [f"{v}: no finished run in {out_dir}." for v in names if v not in runs]
     return Results(out_dir, runs, read_throughput(out_dir), notes)
