@@ -5,7 +5,8 @@
 - the token data is prepared once, and a job only reads it (a job that cannot see it stops with the fix);
 - local jobs of `ablation._run_one`: a job that fails for good is reported, the others finish;
 - a job preempted mid-run the way SLURM does it (USR2 to its task) is requeued by submitit and ends with weights,
-  optimizer state and metrics identical to a run that was never interrupted;
+  optimizer state and metrics identical to a run that was never interrupted; one preempted in its first instant (before
+  submitit's handler exists, so it leaves no result) is submitted again by the runner and ends the same;
 - the SLURM executor's sbatch script carries the GPUs, partition, time limit and the USR2 warning; bad input is
   refused before anything is prepared or submitted;
 - the study itself through the executor (`run_ablation(executor='local')`): tables and claims byte-identical to the
@@ -159,6 +160,35 @@ def test_a_preempted_job_resumes_to_identical_weights(tmp_path, smoke_data):
     reference = tmp_path / 'uninterrupted'
     train(job['cfg'], reference, data=smoke_data, progress=False)
     assert_same_run(job['run_dir'], reference)  # every weight and optimizer tensor (torch.equal), every record
+
+
+def test_a_job_preempted_at_its_start_is_submitted_again(tmp_path, smoke_data):
+    "USR2 in a job's first instant kills it before submitit can requeue it (no result): the runner submits it again."
+    job = study_jobs('smoke', ['perloop-rmsnorm'], tmp_path / 'study', seeds=[0])[0]
+    make, hit = J.make_executor, []
+
+    def make_preempting(*args, **kw):
+        ex = make(*args, **kw)
+        submit = ex.submit
+
+        def submit_and_preempt(call):
+            sub = submit(call)
+            if not hit:  # the first submission only: its task gets USR2 as soon as it exists
+                task = Path(f'/proc/{sub._process.pid}/task/{sub._process.pid}/children')
+                J.wait_for(lambda: task.read_text().split(), poll_s=0.001)
+                hit.append(J.preempt(sub))
+            return sub
+
+        ex.submit = submit_and_preempt
+        return ex
+
+    with mock.patch.object(J, 'make_executor', make_preempting):
+        out = J.submit_jobs([job], _run_one, 'local', tmp_path / 'jobs', gpus_per_job=0, timeout_min=60, verbose=False)
+    assert hit and out[0].state == 'done', out[0].error
+    assert run_status(job['run_dir'])['state'] == 'done'
+    reference = tmp_path / 'uninterrupted'
+    train(job['cfg'], reference, data=smoke_data, progress=False)
+    assert_same_run(job['run_dir'], reference)
 
 
 @pytest.mark.skipif(shutil.which('sbatch') is None, reason='needs a SLURM cluster (sbatch on PATH)')

@@ -1,9 +1,9 @@
 """Exact resume and determinism.
 
-A run killed at any instant (SIGKILL, in a real subprocess), or stopped in the middle of writing a checkpoint,
-resumes from its last complete checkpoint when the same command is run again, and ends bit-identical — weights,
-optimizer state, every metrics record but the timing fields — to a run that was never interrupted. Two runs of
-the same preset and seed are identical; another seed is not.
+A run killed at any instant (SIGKILL, in a real subprocess: mid-run, or in a fresh run's first instants), or stopped
+in the middle of writing a checkpoint, resumes from its last complete checkpoint when the same command is run again,
+and ends bit-identical — weights, optimizer state, every metrics record but the timing fields — to a run that was never
+interrupted. Two runs of the same preset and seed are identical; another seed is not.
 """
 
 import os, signal, subprocess, time, warnings
@@ -60,6 +60,23 @@ def test_sigkill_resume_is_bit_identical(reference, tmp_path):
     assert sorted(p.name for p in rd.iterdir() if 'ckpt' in p.name) == [
         f'ckpt-{STEPS:06d}'
     ]  # no stray checkpoint folders
+
+
+@pytest.mark.parametrize('first', ['.lock', 'config.json', 'metrics.jsonl'])
+def test_a_fresh_run_killed_in_its_first_instants_reruns_to_the_same_run(first, reference, tmp_path):
+    "SIGKILL as soon as the fresh run's lock, its identity or its first record exists: the same command finishes it."
+    rd = tmp_path / 'run'
+    p = subprocess.Popen(train_cmd(rd, **OV), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    deadline = time.time() + 240
+    while not (rd / first).exists():
+        assert p.poll() is None, f"the run ended (rc={p.returncode}) before {first} existed"
+        assert time.time() < deadline, f'{first} never appeared'
+        time.sleep(0.001)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL and run_status(rd).get('state') != 'done'
+    train_subprocess(rd, **OV)  # the same command again
+    assert_same_run(rd, reference)
 
 
 class Killed(BaseException):

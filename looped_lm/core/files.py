@@ -206,6 +206,21 @@ def _flock_or_wait(fd: int, d: Path, lp: Path, what: str, wait: bool, timeout: f
             time.sleep(poll)
 
 # %% ../../nbs/00a_files.ipynb #804a6c63
+def _open_lock(lp: Path) -> int:
+    "The lock file's descriptor, never through a symlink; a lock path that is no file is a `WriteError` with the fix."
+    try:
+        return os.open(lp, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if not (lp.is_symlink() or lp.is_dir()):
+            raise _write_error(lp, e) from None
+        kind = 'a symbolic link' if lp.is_symlink() else 'a folder'
+        raise WriteError(
+            e.errno,
+            f"The lock file {lp} is {kind}, which looped-lm never makes (nothing it points to was touched). "
+            f"Remove it (rm -r '{lp}') while no process uses {lp.parent}, then run again.",
+        ) from None
+
+
 @contextlib.contextmanager
 def dir_lock(path, what: str = 'run', wait: bool = False, timeout: float = None, poll: float = 0.1):
     "Hold an exclusive lock on folder `path` (created if needed) for the block; another holder: `LockedError`, or wait."
@@ -214,7 +229,7 @@ def dir_lock(path, what: str = 'run', wait: bool = False, timeout: float = None,
     lp = d / LOCK_NAME
     key = os.path.realpath(lp)
     _refuse_nested(key, d, what)
-    fd = os.open(lp, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock(lp)
     try:
         _flock_or_wait(fd, d, lp, what, wait, timeout, poll)
         info = _holder_info(what)

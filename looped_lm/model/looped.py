@@ -11,11 +11,15 @@ import os
 import torch.nn as nn
 from pathlib import Path
 from huggingface_hub.utils import HFValidationError, validate_repo_id
+from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 from dataclasses import dataclass, fields
 from ..core.config import ExperimentConfig, ConfigError, validate_values
 from fastcore.basics import patch
 from huggingface_hub import PyTorchModelHubMixin
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_model
+from contextlib import suppress
+import dataclasses
 
 # %% auto #0
 __all__ = ['linear_ce', 'HubFolderError', 'LoopedLMConfig', 'LoopedOutput', 'LoopedLM', 'num_params', 'forward_flops_per_token',
@@ -572,9 +576,23 @@ def _from_pretrained_checked(cls, pretrained_model_name_or_path, **kw) -> 'Loope
     folder = Path(pretrained_model_name_or_path)
     if folder.is_dir():
         config_from_dict(_read_config(folder), str(folder / 'config.json'))  # before the mixin reads the file
-    else:
-        _check_repo_id(pretrained_model_name_or_path)
-    return super(LoopedLM, cls).from_pretrained(pretrained_model_name_or_path, **kw)
+        return super(LoopedLM, cls).from_pretrained(pretrained_model_name_or_path, **kw)
+    _check_repo_id(pretrained_model_name_or_path)
+    try:
+        return super(LoopedLM, cls).from_pretrained(pretrained_model_name_or_path, **kw)
+    except (LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError) as e:  # no folder, no Hub model
+        raise HubFolderError(
+            f"No model folder at {folder.resolve()} and no model {str(folder)!r} reachable on the Hub "
+            f"({type(e).__name__}): check the path for typos, or give an existing Hub repository id (online)."
+        ) from None
+
+
+@patch
+def save_pretrained(self: LoopedLM, save_directory, **kw):
+    "`PyTorchModelHubMixin.save_pretrained`, refusing a `save_directory` that is a file (not a raw `FileExistsError`)."
+    if Path(save_directory).exists() and not Path(save_directory).is_dir():
+        raise HubFolderError(f"{save_directory} is a file; give save_pretrained a folder (new or existing).")
+    return PyTorchModelHubMixin.save_pretrained(self, save_directory, **kw)
 
 
 @classmethod
@@ -604,7 +622,31 @@ def _generate_model_card(self, *args, **kwargs):
     return PyTorchModelHubMixin.generate_model_card(self, *args, **{**info, **kwargs})
 
 
+def _save_weights(self, save_directory: Path):
+    "The weights as safetensors, with the architecture they were saved with in its metadata (checked on load)."
+    arch = json.dumps(dataclasses.asdict(self.config), sort_keys=True)
+    save_model(self, str(Path(save_directory) / 'model.safetensors'), metadata=dict(format='pt', looped_lm_config=arch))
+
+
+@classmethod
+def _load_weights(cls, model, model_file: str, map_location: str, strict: bool):
+    "Load the weights once `config.json` is known to describe the architecture they were saved with (when recorded)."
+    saved, now = {}, dataclasses.asdict(model.config)
+    with suppress(SafetensorError, OSError, ValueError):  # damage: the loader's own error below names it
+        with safe_open(model_file, 'pt') as f:
+            saved = json.loads((f.metadata() or {}).get('looped_lm_config', '{}'))
+    if diff := [
+        f"{k} is {now.get(k)!r} there, the weights were saved with {v!r}" for k, v in saved.items() if now.get(k) != v
+    ]:
+        raise HubFolderError(
+            f"config.json beside {model_file} does not describe its weights: {'; '.join(diff)}. "
+            f"Restore config.json, or {_RESAVE}."
+        )
+    return super(LoopedLM, cls)._load_as_safetensor(model, model_file, map_location, strict)
+
+
 LoopedLM.from_pretrained, LoopedLM._from_pretrained = _from_pretrained_checked, _from_pretrained
+LoopedLM._save_pretrained, LoopedLM._load_as_safetensor = _save_weights, _load_weights
 LoopedLM.generate_model_card = _generate_model_card
 
 # %% ../../nbs/01_model.ipynb #13e69a09

@@ -6,7 +6,7 @@ results go."""
 
 # %% ../../nbs/04a_runner.ipynb #a5e1c004
 from __future__ import annotations
-import ast, contextlib, numbers, os, queue, sys, time
+import ast, contextlib, importlib.util, numbers, os, queue, sys, time
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -31,11 +31,17 @@ from ..training.text import SPLITS
 from ..training.rundir import run_status, RunDirError, latest_checkpoint
 
 # %% auto #0
-__all__ = ['WorkerError', 'run_jobs', 'expected_speed', 'DataNotReady', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
+__all__ = ['WorkerError', 'run_jobs', 'run_plan_jobs', 'expected_speed', 'DataNotReady', 'JobOutcome', 'submit_jobs', 'CostPlan',
+           'cost_plan']
 
 # %% ../../nbs/04a_runner.ipynb #ae478dee
 def repo_root() -> Path:
-    "The folder that holds `settings.ini` (the repository's top level)."
+    """The repository this code runs from (the folder above the package, holding `settings.ini` and `nbs/`), where
+    results, figures and benchmarks live, wherever `LOOPED_LM_SETTINGS` points; else the folder of `settings.ini`."""
+    spec = importlib.util.find_spec('looped_lm')
+    here = Path(spec.origin).resolve().parents[1] if spec and spec.origin else None
+    if here is not None and (here / 'settings.ini').is_file() and (here / 'nbs').is_dir():
+        return here
     return settings_path().resolve().parent
 
 
@@ -143,15 +149,19 @@ def check_spawn_guard(workers: int):
         )
 
 # %% ../../nbs/04a_runner.ipynb #a5e1c00a
-_DATA = {}  # a worker's token data, loaded once from the parent's cache
+_DATA = {}  # a worker's token data, loaded (or made) once
 
 
 def job_data(job: dict):
-    "A job's token data: the parent's own (in this process), else loaded once per worker from the token cache."
-    data = job['data'] if job.get('data') is not None else _DATA.get(job['cfg'].name)
-    if data is None:
-        data = _DATA[job['cfg'].name] = prepare_data(job['cfg'], data_dir=job['data_dir'], verbose=False)
-    return data
+    """A job's token data: the parent's own (in this process), else made once per worker — by `job['make_data']`, a
+    module-level function and its arguments (for data that is generated, not read), or from the token cache."""
+    if job.get('data') is not None:
+        return job['data']
+    make = job.get('make_data')
+    key = (make[0].__module__, make[0].__qualname__, make[1]) if make else job['cfg'].name
+    if key not in _DATA:
+        _DATA[key] = make[0](*make[1]) if make else prepare_data(job['cfg'], data_dir=job['data_dir'], verbose=False)
+    return _DATA[key]
 
 # %% ../../nbs/04a_runner.ipynb #6c2f8d31
 class _Lines:
@@ -296,13 +306,27 @@ def run_jobs(jobs: list, work, workers: int = 1, device: str = 'cpu', lock_wait:
         time.sleep(poll if held else 0)
     return states
 
+# %% ../../nbs/04a_runner.ipynb #84cb5cc0
+def run_plan_jobs(plan, work, data, data_dir, lock_wait: float, progress: bool, **job_fields) -> list:
+    """The states of a grid study's runs after `run_jobs` (`plan.workers` at once): one job per `plan.jobs` item (its
+    `label`, kept run folder `keep_dir` and `cfg`), given the token `data`, `plan.device` and `job_fields`. Then
+    `plan.out_dir` exists, for the study lock."""
+    jobs = [
+        dict(label=j.label, run_dir=j.keep_dir, cfg=j.cfg, job=j, data=data, data_dir=data_dir, device=plan.device)
+        | dict(progress=progress, **job_fields)
+        for j in plan.jobs
+    ]
+    states = run_jobs(jobs, work, plan.workers, plan.device, lock_wait)
+    Path(plan.out_dir).mkdir(parents=True, exist_ok=True)
+    return states
+
 # %% ../../nbs/04a_runner.ipynb #3d68c1f1
 GPU_BENCH = Path('benchmarks') / 'results' / 'gpu.json'
 
 
 def load_bench(path=None) -> dict:
     "The GPU benchmark (`benchmarks/results/gpu.json` of the repository, or `path`)."
-    p = Path(path) if path else settings_path().resolve().parent / GPU_BENCH
+    p = Path(path) if path else repo_root() / GPU_BENCH
     try:
         return json.loads(p.read_text())
     except (OSError, ValueError) as e:
@@ -505,9 +529,23 @@ def _gpu_slots(n: int, gpus_per_job: int) -> deque:
     return deque(tuple(range(i * gpus_per_job, (i + 1) * gpus_per_job)) for i in range(n))
 
 
+RESTARTS = 2  # how often a job killed before it could start (no result, not requeued by submitit) is submitted again
+
+
+def _again(sub, tries: list, i: int) -> bool:
+    """Whether ended job `sub` (the `i`-th) should be submitted again: it left no result at all — a preemption or kill
+    in its first second, before submitit could requeue it — and has been restarted fewer than `RESTARTS` times."""
+    if sub.paths.result_pickle.exists() or tries[i] >= RESTARTS:
+        return False
+    tries[i] += 1
+    print(f"job {sub.job_id} ended before it could run (killed at its start): submitted again ({tries[i]}/{RESTARTS})")
+    return True
+
+
 def _run_local(ex, calls: list, max_parallel: int, gpus_per_job: int, report, poll_s: float) -> list:
     "Submit `calls` to a local executor, at most `max_parallel` at once, each on its own GPUs; wait for all."
     slots, todo, running, out = _gpu_slots(max_parallel, gpus_per_job), deque(enumerate(calls)), {}, [None] * len(calls)
+    tries = [0] * len(calls)
     while todo or running:
         while todo and slots:
             i, call = todo.popleft()
@@ -516,7 +554,10 @@ def _run_local(ex, calls: list, max_parallel: int, gpus_per_job: int, report, po
             out[i] = ex.submit(call)
         for i in [i for i in running if out[i].done()]:
             slots.append(running.pop(i))
-            report(i, out[i])
+            if _again(out[i], tries, i):
+                todo.appendleft((i, calls[i]))
+            else:
+                report(i, out[i])
         time.sleep(poll_s if running else 0)
     return out
 
@@ -525,9 +566,12 @@ def _run_batch(ex, calls: list, report, poll_s: float) -> list:
     "Submit `calls` at once (one SLURM job array), then wait for all, reporting each as it ends."
     with ex.batch():
         out = [ex.submit(c) for c in calls]
-    todo = set(range(len(out)))
+    todo, tries = set(range(len(out))), [0] * len(calls)
     while todo:
         for i in sorted(i for i in todo if out[i].done()):
+            if _again(out[i], tries, i):
+                out[i] = ex.submit(calls[i])
+                continue
             todo.discard(i)
             report(i, out[i])
         time.sleep(poll_s if todo else 0)

@@ -237,9 +237,12 @@ def _os_errno(e: Exception):
 
 
 def _write_checkpoint_files(tmp: Path, model, state: dict):
-    "Write the weights, the trainer state and their `hashes.json` into `tmp`, durably (else `CheckpointWriteError`)."
-    f = tmp / 'model.safetensors'
+    """Make `tmp` and write the weights, the trainer state and their `hashes.json` into it, durably (else a
+    `CheckpointWriteError`: no space, no inodes, no permission)."""
+    f = tmp
     try:
+        tmp.mkdir()
+        f = tmp / 'model.safetensors'
         save_model(model, str(f))
         f = tmp / 'state.pt'
         torch.save(state, f)
@@ -248,7 +251,7 @@ def _write_checkpoint_files(tmp: Path, model, state: dict):
         fsync(tmp / 'model.safetensors', tmp / 'state.pt', tmp)
     except (OSError, RuntimeError, SafetensorError) as e:  # torch.save's zip writer raises a RuntimeError
         full = _os_errno(e) in (errno.ENOSPC, errno.EDQUOT) or 'unexpected pos' in str(e)
-        what = 'the disk is full' if full else f"{type(e).__name__}: {str(e)[:200]}"
+        what = 'the disk is full (no space or no inodes left)' if full else f"{type(e).__name__}: {str(e)[:200]}"
         raise CheckpointWriteError(
             f"Could not write the checkpoint file {f}: {what}. The previous checkpoint is kept "
             f"and the partial one removed; {'free space on ' + str(tmp.parent) + ' and ' if full else 'fix that and '}"
@@ -261,7 +264,6 @@ def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, data: 
     run_dir = Path(run_dir)
     d = run_dir / f'ckpt-{step:06d}'
     tmp = run_dir / f'.{d.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp'
-    tmp.mkdir()
     try:
         _write_checkpoint_files(
             tmp,

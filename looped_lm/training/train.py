@@ -6,7 +6,7 @@ run directory that records everything the blind spot shows up in."""
 # %% ../../nbs/02c_train.ipynb #c5e8a2b7
 from __future__ import annotations
 import os, warnings
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 import torch
 import torch.distributed as dist
 from ..core.config import ExperimentConfig, ConfigError
@@ -26,6 +26,7 @@ from ..model.lemmas import radial_fraction
 from ..core.files import write_atomic, sweep_stale_tmp, LockedError, WriteError
 from looped_lm.training.rundir import (
     RunDirError,
+    CheckpointWriteError,
     set_status,
     run_status,
     expected_records,
@@ -592,7 +593,13 @@ def checkpoint_step(run: Run):
         if run.step == run.end:
             ev = evaluate(run.model, run.data.validation, run.cfg, run.device)
             append_metrics(run.run_dir, dict(kind='eval', step=run.step, split='validation', loss=ev))
-        save_checkpoint(run.run_dir, run.model, run.opt, run.step, run.gen, data_record(run.data))
+        try:
+            save_checkpoint(run.run_dir, run.model, run.opt, run.step, run.gen, data_record(run.data))
+        except CheckpointWriteError as e:  # the status says where the run stands and why it stopped, if it can
+            kept, why = latest_checkpoint(run.run_dir), f"stopped at step {run.step}: {e}"
+            with suppress(OSError):  # a disk too full for the status too: the error below still says it all
+                set_status(run.run_dir, 'running', int(kept.name[5:]) if kept else 0, why)
+            raise
     run.t0, run.s0 = time.time(), run.step  # throughput counts training only
 
 
