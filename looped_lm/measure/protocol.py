@@ -12,10 +12,11 @@ import torch, torch.nn as nn, torch.nn.functional as F
 from ..model.looped import LoopedLM
 from ..model.lemmas import radial_tangential
 from ..training.data import eval_batches
+import copy
 import dataclasses
 
 # %% auto #0
-__all__ = ['CLAMPS', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'run_loops', 'check_spec', 'from_hooks']
+__all__ = ['CLAMPS', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'run_loops', 'check_spec', 'fresh_kwargs', 'from_hooks']
 
 # %% ../../nbs/03_protocol.ipynb #9a4b592c
 class LoopSpecError(ValueError):
@@ -41,6 +42,7 @@ class LoopSpec:
     modules: tuple = ()  # the nn.Modules the callables use: lets the diagnostics run the spec in float64
     readout_norm: object = None  # the norm the readout applies to H_k itself (nn.RMSNorm, nn.LayerNorm, or k -> one)
     slice_ctx: Callable = None  # optional: (context, rows) -> the context of those sequences (default: probed)
+    exits: Callable = None  # optional: (tokens, k) -> the model's own logits at exit k, which the readouts must equal
 
     def __post_init__(self):
         for n in ('init', 'step', 'readout'):
@@ -92,6 +94,9 @@ def from_looped_lm(model: LoopedLM) -> LoopSpec:
         trace=lambda tokens: model(tokens.to(_device(model))).hidden,
         modules=(model,),
         readout_norm=readout_norm,
+        exits=lambda tokens, k: (
+            model(tokens.to(_device(model)), exit_k=k, return_logits=True).logits if k <= c.K else None
+        ),
     )
 
 # %% ../../nbs/03_protocol.ipynb #01ebec23
@@ -314,10 +319,23 @@ def _rel_diff(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
 
 
-def _scale_answer(scale, tol):
-    "(scale-invariant?, the answer in words) from the CE of H_K halved, as is and doubled."
+def _turned(h: torch.Tensor) -> torch.Tensor:
+    "`h` with every token turned to a fixed random direction, its norm kept: a state the readout must tell from `h`."
+    gen = torch.Generator(device=h.device).manual_seed(0)
+    r = torch.randn(h.shape, generator=gen, dtype=h.dtype, device=h.device)
+    return r * (torch.linalg.vector_norm(h, dim=-1, keepdim=True) / torch.linalg.vector_norm(r, dim=-1, keepdim=True))
+
+
+def _scale_answer(scale, tol, turned_ce: float = None):
+    """(scale-invariant? — None when the readout does not depend on H_K at all —, the answer in words) from the CE of
+    H_K halved, as is and doubled, and of H_K turned to random directions of the same norms (`turned_ce`)."""
     base = next(r['ce'] for r in scale if r['alpha'] == 1.0)
     d = max(abs(r['ce'] - base) for r in scale)
+    if turned_ce is not None and d <= tol and abs(turned_ce - base) <= tol:
+        return None, (
+            f"does NOT depend on H_K: the CE of the final readout changes by {max(d, abs(turned_ce - base)):.2g} "
+            "nats when H_K is halved, doubled or turned to random directions (float64) — not a scale-invariance"
+        )
     kind = 'scale-invariant' if d <= tol else 'scale-SENSITIVE'
     return (
         d <= tol,
@@ -442,9 +460,28 @@ def _check_readout(spec, hs, ctx, y, res):
         del logits, ce
     with torch.no_grad():
         res['scale'] = [dict(alpha=a, ce=_ce64(spec.readout(a * hs[-1], ctx, K), y)) for a in (0.5, 1.0, 2.0)]
+        res['turned_ce'] = _ce64(spec.readout(_turned(hs[-1]), ctx, K), y)
         res['ce'] = [_ce64(spec.readout(h, ctx, k), y) for k, h in enumerate(hs, 1)]
 
 # %% ../../nbs/03_protocol.ipynb #47908be4
+def _check_exits(spec, x, hs, ctx, res):
+    "The readout at every exit k against the model's own exit function (`LoopSpec.exits`), when the spec gives one."
+    if spec.exits is None:
+        return
+    with torch.no_grad():
+        own = [spec.exits(x, k) for k in range(1, len(hs) + 1)]  # None: the model has no exit k (a spec run deeper)
+        diffs = [
+            _rel_diff(spec.readout(h, ctx, k), o) if o is not None else 0.0 for k, (h, o) in enumerate(zip(hs, own), 1)
+        ]
+    res['exit_rel_diff'] = max(diffs)
+    if bad := [k for k, d in enumerate(diffs, 1) if not d <= 1e-4]:
+        raise LoopSpecError(
+            f"{spec.name}: the readout at exit {bad[0]} differs from the model's own exit function (relative "
+            f"difference {diffs[bad[0] - 1]:.2g}; exits {bad} differ): the readout skips or changes part of the "
+            "model's exit (a halting-weighted sum, a final norm, a scale); describe the exit as the model computes it."
+        )
+
+
 def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
     "Run `spec` on `tokens` and raise `LoopSpecError` for the silent mistakes; return what was measured (see above)."
     spec = as_spec(spec)
@@ -465,8 +502,9 @@ def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
     _check_states(spec, x, hs, res)
     _check_rows(spec, hs, ctx, res)
     _check_readout(spec, hs, ctx, y, res)
-    res['scale_invariant'], res['answer'] = _scale_answer(res['scale'], scale_tol)
-    if readout_norm_at(spec, K) and not res['scale_invariant']:
+    _check_exits(spec, x, hs, ctx, res)
+    res['scale_invariant'], res['answer'] = _scale_answer(res['scale'], scale_tol, res['turned_ce'])
+    if readout_norm_at(spec, K) and res['scale_invariant'] is False:
         raise LoopSpecError(
             f"{spec.name}: readout_norm says the readout normalizes H_K, but it is not scale-invariant "
             f"({res['answer']}); the lemma's prediction would be wrong — set readout_norm only where the norm is "
@@ -516,6 +554,12 @@ def _state_of(out, select, name):
     return out
 
 # %% ../../nbs/03_protocol.ipynb #b83c6224
+def fresh_kwargs(forward_kwargs) -> dict:
+    """The keyword arguments of one forward call: `forward_kwargs()` when it is a function, else a deep copy of the
+    dict, so a mutable argument (a KV cache, a list the model appends to) never carries over from call to call."""
+    return dict(forward_kwargs()) if callable(forward_kwargs) else copy.deepcopy(dict(forward_kwargs or {}))
+
+
 def _first_calls(model, mods, tokens, forward_kwargs, name):
     "(state, [(other args, kwargs) of each loop module's first call]) in model(tokens); the forward stops at the last."
     got = [None] * len(mods)
@@ -529,7 +573,7 @@ def _first_calls(model, mods, tokens, forward_kwargs, name):
         m.register_forward_pre_hook(lambda mod, a, kw, i=i: pre(i, a, kw), with_kwargs=True) for i, m in enumerate(mods)
     ]
     try:
-        model(tokens, **forward_kwargs)
+        model(tokens, **fresh_kwargs(forward_kwargs))
     except _Stop:
         pass
     finally:
@@ -557,6 +601,9 @@ def _check_count(n, K, name, what):
         "every loop label "
         "by one — drop it, e.g. states=lambda out: out.hidden_states[1:]"
         if n == K + 1
+        else "the hooked module ran once for all K loops: its loop is written inside its own forward, where no hook "
+        "can see it — hook the module that loop calls once per iteration, or write a LoopSpec (init, step, readout)"
+        if n == 1
         else "the forward did not run K loops — pass forward_kwargs that make it run K (e.g. dict(num_steps=K)), "
         "or fix K"
     )
@@ -582,12 +629,12 @@ def _hooked_trace(model, mods, K, fk, states, select, name) -> Callable:
 
     def trace(tokens):
         if states is not None:
-            hs = list(states(model(tokens.to(_device(model)), **fk)))
+            hs = list(states(model(tokens.to(_device(model)), **fresh_kwargs(fk))))
         else:
             hs = []
             hook = mods[-1].register_forward_hook(lambda mod, args, out: hs.append(_state_of(out, select, name)))
             try:
-                model(tokens.to(_device(model)), **fk)
+                model(tokens.to(_device(model)), **fresh_kwargs(fk))
             finally:
                 hook.remove()
         _check_count(
@@ -677,7 +724,7 @@ def from_hooks(
     name: str = None,
 ) -> LoopSpec:
     "A `LoopSpec` for `model` from its per-loop submodule(s) `loop_module` (first argument: the state, output: next)."
-    fk, name = dict(forward_kwargs or {}), name or type(model).__name__
+    fk, name = forward_kwargs if callable(forward_kwargs) else dict(forward_kwargs or {}), name or type(model).__name__
     mods = _loop_modules(loop_module, states, embed, name)
     trace = _hooked_trace(model, mods, K, fk, states, select, name)
     if states is not None or not steppable:

@@ -9,6 +9,8 @@ import math
 import itertools
 from contextlib import contextmanager
 import numpy as np, torch, torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from ..model.lemmas import radial_fraction, radial_exact, angle_between, radial_tangential
 from .protocol import LoopSpecError, as_spec, run_loops, token_windows, readout_norm_at, token_ce
 from .protocol import checked_spec, IGNORED_STATE, guarded_spec
@@ -20,10 +22,15 @@ __all__ = ['radial_fractions', 'angular_updates', 'unaligned_cos']
 # %% ../../nbs/03b_radial.ipynb #c5a860d8
 @contextmanager
 def float64_spec(spec):
-    "`spec` with every floating parameter and buffer of its `modules` in float64 while inside; restored bit for bit."
-    saved = []
+    """`spec` with every floating parameter and buffer of its `modules` in float64 while inside, restored bit for bit;
+    a norm whose eps follows the dtype (`nn.RMSNorm(eps=None)`) keeps the eps of the dtype it was trained in."""
+    saved, pinned = [], []
     try:
         for m in as_spec(spec).modules:
+            for norm in (n for n in m.modules() if isinstance(n, nn.RMSNorm) and n.eps is None):
+                trained = next((p.dtype for p in norm.parameters() if p.is_floating_point()), torch.get_default_dtype())
+                pinned.append(norm)
+                norm.eps = torch.finfo(trained).eps  # the model as trained, not float64's 2.2e-16
             for t in itertools.chain(m.parameters(), m.buffers()):
                 if t.is_floating_point() and t.dtype != torch.float64:
                     saved.append((t, t.data))
@@ -32,6 +39,8 @@ def float64_spec(spec):
     finally:
         for t, data in saved:
             t.data = data
+        for norm in pinned:
+            norm.eps = None
 
 
 def radial_scale(h: torch.Tensor, norm: str, eps: float) -> float:
@@ -86,25 +95,38 @@ def _objective(ces: list, hidden, loss: str, norm_penalty: float):
     return obj
 
 # %% ../../nbs/03b_radial.ipynb #53d6d14b
+def _live_mean(g, h64) -> tuple:
+    "(token mean of the radial fraction over the tokens whose gradient is not zero (None if none is), their mask)."
+    live = g.abs().amax(-1) > 0  # a token whose loss does not depend on H_k has no radial fraction at all
+    return (radial_fraction(g, h64, reduce=None)[live].mean().item() if live.any() else None), live
+
+
 def _radial_loop(spec, k: int, h, ce, o: list, g_obj, acc, lem: dict):
-    "Add loop k+1's measured fractions to its `acc` (readout, objective, whole) and the lemma's exact one to `lem`."
+    """Add loop k+1's measured fractions to its `acc` (readout, objective, whole; batches counted for the readout and
+    the objective; tokens whose readout gradient is zero: left out, counted) and the lemma's exact one to `lem`."""
     g, *g_out = torch.autograd.grad(ce, [h, *o], retain_graph=True, allow_unused=True)
     g, h64 = g.double(), h.double()
-    acc[:2] += [radial_fraction(g, h64).item(), radial_fraction(g_obj.double(), h64).item()]
-    acc[2] += radial_fraction(g, h64, per_token=False).item()  # the whole tensor's cosine
+    (r, live), (r_obj, _) = _live_mean(g, h64), _live_mean(g_obj.double(), h64)
+    acc[5] += int((~live).sum())
+    if r is not None:
+        acc[[0, 2, 3]] += [r, radial_fraction(g[live], h64[live], per_token=False).item(), 1]  # whole: one cosine
+    if r_obj is not None:
+        acc[[1, 4]] += [r_obj, 1]
     if rn := readout_norm_at(spec, k + 1, h.dtype):
         lem['scale'].append(radial_scale(h, *rn))
         if (v := _lemma_v(_norm_module(spec, k + 1), o, g_out, h)) is not None:
             rho, t = radial_exact(v, h, *rn)
             measured = radial_fraction(g, h64, reduce=None)
             for c, a in (('rho', rho), ('ratio', measured / rho), ('t', t)):
-                lem[c].append(a.detach().cpu().numpy().ravel())
+                lem[c].append(a[live].detach().cpu().numpy().ravel())
 
 # %% ../../nbs/03b_radial.ipynb #7769abfa
-def _radial_row(k, acc, n, lem, through_loops, dtypes) -> dict:
-    "One loop's row of `radial_fractions` from its accumulators."
-    row = dict(k=k, readout=float(acc[0] / n), readout_whole=float(acc[2] / n))
-    row['objective'] = float(acc[1] / n) if through_loops else None
+def _radial_row(k, acc, lem, through_loops, dtypes) -> dict:
+    """One loop's row of `radial_fractions` from its accumulators; a fraction no token had a gradient for is None
+    (undefined, never 0), and `zero_grad_tokens` counts the tokens left out."""
+    mean = lambda i, n: float(acc[i] / acc[n]) if acc[n] else None
+    row = dict(k=k, readout=mean(0, 3), readout_whole=mean(2, 3), zero_grad_tokens=int(acc[5]))
+    row['objective'] = mean(1, 4) if through_loops else None
     row['scale'] = float(np.mean(lem['scale'])) if lem['scale'] else None
     ok = lem['rho'] and len(lem['rho']) == len(lem['scale'])  # every batch had its v
     rho, ratio = (np.concatenate(lem[c]) if ok else None for c in ('rho', 'ratio'))
@@ -113,6 +135,26 @@ def _radial_row(k, acc, n, lem, through_loops, dtypes) -> dict:
         row[f'ratio_p{q:02d}'] = float(np.quantile(ratio[np.isfinite(ratio)], q / 100)) if ok else None
     row['cot_median'] = float(np.median(np.concatenate(lem['t']))) if ok else None
     return {**row, 'dtype': '/'.join(sorted(dtypes))}
+
+# %% ../../nbs/03b_radial.ipynb #effe0562
+class _OpDtypes(TorchDispatchMode):
+    "Records the dtype of every floating tensor an operation returns while active."
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.seen.update(t.dtype for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point())
+        return out
+
+
+def readout_dtypes(spec, h, ctx, k: int) -> set:
+    "The floating dtypes the loop-`k` readout of `h` computes in, every operation counted (e.g. an upcasting norm's)."
+    with torch.no_grad(), _OpDtypes() as ops:
+        spec.readout(h, ctx, k)
+    return {str(d).replace('torch.', '') for d in ops.seen}
 
 # %% ../../nbs/03b_radial.ipynb #a451e3da
 def radial_fractions(
@@ -132,19 +174,19 @@ def radial_fractions(
         raise ValueError(f"loss must be 'perloop' or 'terminal', got {loss!r}.")
     spec = guarded_spec(model, tokens, seq_len, device, K)
     through_loops = checked_spec(spec, None).get('steps_carry_state') is not False  # else no objective through loops
-    K, acc, n, dtypes = spec.K, np.zeros((spec.K, 3)), 0, set()
+    K, acc, dtypes = spec.K, np.zeros((spec.K, 6)), set()
     lem = [dict(scale=[], rho=[], ratio=[], t=[]) for _ in range(K)]
     with torch.enable_grad(), float64_spec(spec):
         for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
             hidden, ctx = run_loops(spec, x, K, grad=True)  # each H_k is the very tensor fed to step k+1
             dtypes.update(str(h.dtype).replace('torch.', '') for h in hidden)
+            dtypes.update(readout_dtypes(spec, hidden[-1], ctx, K) if not dtypes - {'float64'} else ())
             ces, outs = _readout_ces(spec, hidden, ctx, y, ce_chunk)
             g_obj = torch.autograd.grad(_objective(ces, hidden, loss, norm_penalty), hidden, retain_graph=True)
             for k, (h, ce, o) in enumerate(zip(hidden, ces, outs)):
                 _radial_loop(spec, k, h, ce, o, g_obj[k], acc[k], lem[k])
-            n += 1
             del hidden, ces, outs
-    return [_radial_row(k + 1, acc[k], n, lem[k], through_loops, dtypes) for k in range(K)]
+    return [_radial_row(k + 1, acc[k], lem[k], through_loops, dtypes) for k in range(K)]
 
 # %% ../../nbs/03b_radial.ipynb #016fab2c
 def _b_perp(prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
