@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, pandas as pd
 from ..core.config import ExperimentConfig, ConfigError, load_preset, named_choice
-from ..training.data import prepare_data
+from ..training.data import TokenData, prepare_data
+from ..training.text import SPLITS
 from ..training.train import resolve_device
 from ..core.files import dir_lock, write_atomic
 from ..training.train import lr_at
@@ -20,16 +21,17 @@ from ..measure.diagnostics import diagnose, EVAL_TOKENS
 from ..measure.diagnostics import checkpoint_id, DIAG_VERSION
 from ..studies.variants import VARIANTS, Variant, check_seeds
 from ..studies.runner import check_device, check_workers, check_spawn_guard, grid_dirs, job_data
-from ..studies.runner import check_lock_wait, run_jobs, study_lock
+from ..studies.runner import check_lock_wait, run_plan_jobs, study_lock
 from .horizon import keep_checkpoint, load_kept, read_records, put_record, cached_record
 
 # %% auto #0
-__all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'DEPTH_GRIDS', 'DEPTH_VERSION', 'RECORDS', 'RULES', 'AT_RISK_V',
-           'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'REFERENCE_ARM', 'ROW_COLUMNS', 'dose_variant',
-           'DepthGrid', 'DepthJob', 'DepthPlan', 'depth_base', 'check_depth', 'depth_key', 'measure_kept',
-           'advance_depth', 'depth_row', 'rule_r1', 'official_claims', 'spearman', 'rule_r3', 'rule_r4', 'rule_r6',
-           'rule_r0', 'depth_rules', 'rules_markdown', 'depth_table', 'read_depth_records', 'write_depth',
-           'rebuild_depth', 'plan_records', 'publish_records', 'run_depth', 'study_rows']
+__all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'KHOP_SPLITS', 'DEPTH_GRIDS', 'DEPTH_VERSION', 'RECORDS', 'RULES',
+           'AT_RISK_V', 'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'R1_FAILS', 'REFERENCE_ARM', 'ROW_COLUMNS',
+           'dose_variant', 'khop_vocab', 'khop_episodes', 'khop_data', 'khop_corpus', 'DepthGrid', 'DepthJob',
+           'DepthPlan', 'task_settings', 'depth_base', 'check_depth', 'depth_key', 'measure_kept', 'advance_depth',
+           'depth_row', 'rule_r1', 'official_claims', 'spearman', 'rule_r3', 'rule_r4', 'rule_r6', 'rule_r0',
+           'depth_rules', 'rules_markdown', 'depth_table', 'read_depth_records', 'write_depth', 'rebuild_depth',
+           'plan_records', 'publish_records', 'run_depth', 'study_rows']
 
 # %% ../../nbs/06d_depth.ipynb #a2e5e010
 def dose_variant(lam: float) -> Variant:
@@ -66,6 +68,52 @@ DEPTH_VARIANTS = {
 DOSE = list(DEPTH_VARIANTS)[:4]  # λ = 0, 1e-4, 1e-3 and the preset's control_norm_penalty (1e-2), in that order
 OFFICIAL = [n for n in DEPTH_VARIANTS if n in VARIANTS]  # the paper's conditions among them: C1-C7 as today
 
+# %% ../../nbs/06d_depth.ipynb #1d609ce4
+KHOP_SPLITS = dict(train=(16001, 0), validation=(1001, 1), test=(1001, 2))  # split: (episodes, generator seed)
+
+
+def khop_vocab(n_sym: int, hops: tuple) -> int:
+    "Ids of the k-hop task: `n_sym` symbols, then `n_sym`² pair tokens (x, y) at n_sym + x·n_sym + y, then hop tokens."
+    return n_sym + n_sym**2 + max(hops)
+
+
+def khop_episodes(n_episodes: int, n_sym: int, hops: tuple, seq_len: int, seed: int) -> np.ndarray:
+    """`n_episodes` episodes of `seq_len` ids, one after another: a random permutation π of `n_sym` symbols as pair
+    tokens (x, π(x)) in random order, then queries (hop token of k, q, π^k(q)), k drawn from `hops`."""
+    n_q, rng = (seq_len - n_sym) // 3, np.random.default_rng(seed)
+    if n_q < 1 or n_sym + 3 * n_q != seq_len:
+        raise ConfigError(f"seq_len must be n_sym + 3 x (queries per episode), e.g. {n_sym + 3 * max(n_q, 1)}.")
+    pi = np.argsort(rng.random((n_episodes, n_sym)), axis=1)  # one permutation per episode
+    order = np.argsort(rng.random((n_episodes, n_sym)), axis=1)
+    pairs = n_sym + order * n_sym + np.take_along_axis(pi, order, 1)
+    k, q = rng.choice(np.asarray(hops), (n_episodes, n_q)), rng.integers(0, n_sym, (n_episodes, n_q))
+    a = q.copy()
+    for j in range(max(hops)):
+        a = np.where(k > j, np.take_along_axis(pi, a, 1), a)
+    queries = np.stack([n_sym + n_sym**2 + k - 1, q, a], axis=2).reshape(n_episodes, -1)
+    return np.concatenate([pairs, queries], axis=1).reshape(-1).astype(np.uint16)
+
+# %% ../../nbs/06d_depth.ipynb #014cf6bd
+def khop_data(n_sym: int = 16, hops: tuple = (1, 2, 3, 4), seq_len: int = 64, splits: dict = None) -> TokenData:
+    "The k-hop task as token data: each split's episodes from its own fixed seed; no tokenizer, no text."
+    splits = KHOP_SPLITS if splits is None else splits
+    arrays = {s: khop_episodes(n, n_sym, tuple(hops), seq_len, seed) for s, (n, seed) in splits.items()}
+    fps = {s: hashlib.sha256(a.tobytes()).hexdigest()[:16] for s, a in arrays.items()}
+    return TokenData(
+        **arrays,
+        tokenizer=None,
+        vocab_size=khop_vocab(n_sym, tuple(hops)),
+        fingerprint=hashlib.sha256(''.join(fps[s] for s in SPLITS).encode()).hexdigest()[:16],
+        cache_dir=None,
+        corpus=khop_corpus(n_sym, hops),
+        split_fingerprints=fps,
+    )
+
+
+def khop_corpus(n_sym: int, hops: tuple) -> str:
+    "The corpus name a k-hop run records (never prepared from files)."
+    return f"khop-{n_sym}-h{''.join(map(str, hops))}"
+
 # %% ../../nbs/06d_depth.ipynb #6672ea8b
 @dataclass(frozen=True)
 class DepthGrid:
@@ -79,6 +127,7 @@ class DepthGrid:
     overrides: dict = field(default_factory=dict)  # of the preset, for every run
     max_batches: int | None = None  # of `diagnose` (None: every validation and test window, as the main job)
     publish: bool = True  # records and tables in figures/depth-<grid>/ (False: in the study folder)
+    task: tuple = ()  # `khop_data`'s (n_sym, hops, seq_len): the k-hop task instead of the preset's corpus
 
 
 DEPTH_GRIDS = {
@@ -93,6 +142,7 @@ DEPTH_GRIDS = {
         publish=False,
     ),
     'cpu': DepthGrid('cpu', 1000, 200),
+    'khop': DepthGrid('cpu', 1000, 200, arms=(('L1', 1),), task=(16, (1, 2, 3, 4), 64)),
 }
 
 # %% ../../nbs/06d_depth.ipynb #831d7f93
@@ -127,13 +177,21 @@ class DepthPlan:
     workers: int
 
 # %% ../../nbs/06d_depth.ipynb #65b92b18
+def task_settings(task: tuple) -> dict:
+    "The preset settings a k-hop task fixes: its vocabulary, episode length, episode-aligned windows, corpus name."
+    if not task:
+        return {}
+    n_sym, hops, seq_len = task
+    return dict(vocab_size=khop_vocab(n_sym, hops), seq_len=seq_len, stride=seq_len, corpus=khop_corpus(n_sym, hops))
+
+
 def depth_base(spec: DepthGrid, device: str = 'auto') -> ExperimentConfig:
     "The grid's preset with schedule `wsd`, `steps` optimiser steps long (its own checkpoint cadence kept)."
     for k in ('steps', 'decay_steps'):
         v = getattr(spec, k)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"{k} = {v!r}: give a positive integer number of optimiser steps.")
-    probe = load_preset(spec.preset, **spec.overrides)
+    probe = load_preset(spec.preset, **spec.overrides, **task_settings(spec.task))
     base = probe.replace(
         schedule='wsd', decay_steps=spec.decay_steps, train_tokens=spec.steps * probe.batch_size * probe.seq_len
     )
@@ -327,6 +385,13 @@ def _seeds(rows: list) -> list:
     return sorted({r['seed'] for r in rows})
 
 
+R1_FAILS = dict(  # what a failed condition of R1 means
+    D='no control uses depth: the depth value D is below 0.02 nats',
+    raw_gain="no control uses depth: perloop-raw's gain to its best exit is below 0.02 nats",
+    s_ratio='the drift is below 10x perloop-raw',
+)
+
+
 def rule_r1(rows: list, arm: str, step: int) -> dict:
     "R1: depth value D, perloop-raw's gain to its best exit and the at-risk/raw RMS ratio, on the mean and most seeds."
     cell, seeds = _cell(rows, arm, step), _seeds(rows)
@@ -352,15 +417,7 @@ def rule_r1(rows: list, arm: str, step: int) -> dict:
     )
     thr = dict(D=RULES['depth_value'], raw_gain=RULES['raw_gain'], s_ratio=RULES['drift'])
     ok = {c: mean[c] >= t and sum(per[s][c] >= t for s in seeds) >= _need(len(seeds)) for c, t in thr.items()}
-    why = [
-        dict(
-            D='no control uses depth: the depth value D is below 0.02 nats',
-            raw_gain="no control uses depth: perloop-raw's gain to its best exit is below 0.02 nats",
-            s_ratio='the drift is below 10x perloop-raw',
-        )[c]
-        for c, v in ok.items()
-        if not v
-    ]
+    why = [R1_FAILS[c] for c, v in ok.items() if not v]
     return dict(
         verdict='holds' if all(ok.values()) else 'fails',
         kind='precondition',
@@ -689,31 +746,19 @@ def run_depth(
     "Train and measure what is missing of the grid, publish every run's records, rebuild its tables; the records."
     plan, lock_wait = check_depth(grid, out_dir, fig_dir, device, workers), check_lock_wait(lock_wait)
     check_spawn_guard(plan.workers)
-    data = prepare_data(plan.base, data_dir=data_dir, verbose=progress)
+    data = (
+        khop_data(*plan.spec.task) if plan.spec.task else prepare_data(plan.base, data_dir=data_dir, verbose=progress)
+    )
+    made = dict(make_data=(khop_data, plan.spec.task)) if plan.spec.task else {}  # a worker makes it, never reads it
     if progress:
         print(
             f"depth study {plan.grid}: {len(plan.jobs)} runs x 2 checkpoints in {plan.out_dir}, "
             f"{plan.workers} worker(s)",
             flush=True,
         )
-    jobs = [
-        dict(
-            label=j.label,
-            run_dir=j.keep_dir,
-            cfg=j.cfg,
-            job=j,
-            data=data,
-            data_dir=data_dir,
-            device=plan.device,
-            max_batches=plan.spec.max_batches,
-            progress=progress,
-        )
-        for j in plan.jobs
-    ]
     from looped_lm.extensions import depth as mod  # the exported work function: what a spawned worker can import
 
-    run_jobs(jobs, mod._depth_one, plan.workers, plan.device, lock_wait)
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    run_plan_jobs(plan, mod._depth_one, data, data_dir, lock_wait, progress, max_batches=plan.spec.max_batches, **made)
     with study_lock(plan.out_dir):
         records = plan_records(plan, data)
         publish_records(plan, records)
