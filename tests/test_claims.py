@@ -42,7 +42,10 @@ def test_layout_primary_first_then_extension():
     for sec in ('primary', 'extension'):
         assert list(cl[sec]['claims']) == list(CLAIMS) == ['C1', 'C2', 'C3', 'C4a', 'C4b', 'C5a', 'C5b', 'C6', 'C7']
         for c in cl[sec]['claims'].values():
-            assert list(c) == FIELDS and c['verdict'] == 'reproduced' and c['seeds_held'] == '3/3', c
+            assert list(c) in (FIELDS, FIELDS + ['evidence']) and c['verdict'] == 'reproduced', (
+                c
+            )  # a tag: where one applies
+            assert c['seeds_held'] == '3/3', c
     assert cl['preregistration']['margins'] == MARGINS and cl['preregistration']['heavy_tail_hill'] == HEAVY_TAIL_HILL
     # the primary analysis never sees an extension variant
     assert 'layernorm' not in cl['primary']['claims']['C1']['at_risk']

@@ -68,3 +68,25 @@ def test_depth_records_hold_every_run_at_both_steps():
     have = {(r['arm'], r['variant'], r['seed'], r['step']) for r in read_depth_records(FIGURES / 'depth-cpu')}
     want = {(a, v, s, t) for a in ('L2', 'L1') for v in DEPTH_VARIANTS for s in (1, 2, 3) for t in (800, 1000)}
     assert sorted(want - have) == [], 'records missing from figures/depth-cpu/records'
+
+
+@pytest.mark.parametrize('study', WITH_RECORDS)
+def test_evidence_tags_and_margin_sensitivity_follow_the_records(study):
+    """Recomputed here from `runs.jsonl` alone: C3 is tagged not testable exactly when no per-loop control gains
+    0.02 nats from exit 1 to its best exit (seed mean), C7 then too; each claim has verdicts at ½, 1 and 2× margin."""
+    import json, math
+    from looped_lm.studies.variants import VARIANTS
+
+    runs = [json.loads(x) for x in (FIGURES / study / 'runs.jsonl').read_text().splitlines() if x.strip()]
+    claims = json.loads((FIGURES / study / 'claims.json').read_text())['primary']
+    controls = [v for v in claims['variants'] if VARIANTS[v].per_loop and VARIANTS[v].scale_controlled]
+    gains = []
+    for v in controls:  # each run's gain from exit 1 to its best exit, averaged over the seeds that finished
+        ppls = [[e['ppl'] for e in r['diag']['exits']['validation']] for r in runs if r['variant'] == v and 'diag' in r]
+        gains.append(sum(math.log(p[0]) - min(map(math.log, p)) for p in ppls) / len(ppls))
+    untestable = max(gains) < 0.02
+    assert ('evidence' in claims['claims']['C3']) == untestable, (study, gains)
+    assert ('evidence' in claims['claims']['C7']) == untestable, (study, gains)
+    assert sorted(claims['margin_sensitivity']) == sorted(claims['claims'])
+    for c, by_margin in claims['margin_sensitivity'].items():
+        assert list(by_margin) == ['0.5', '1', '2'] and by_margin['1']['verdict'] == claims['claims'][c]['verdict']

@@ -7,6 +7,7 @@ verdict, written as `claims.json` and `claims.md`."""
 # %% ../../nbs/04c_claims.ipynb #55e7d67e
 from __future__ import annotations
 import json, math, numbers
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -91,6 +92,7 @@ def measures(rec) -> dict:
         _put(out, f"ppl@{e['k']}", lambda e=e: e['ppl'])
     if ex:
         _put(out, 'gain', lambda: math.log(ex[0]['ppl']) - math.log(ex[-1]['ppl']))
+        _put(out, 'gain best', lambda: math.log(ex[0]['ppl']) - min(math.log(e['ppl']) for e in ex))
     for mode in ('none', *CLAMP_MODES):
         _put(out, f'growth {mode}', lambda m=mode: dig(d, 'clamp', m, -1, 'norm_l2') / dig(d, 'clamp', m, 0, 'norm_l2'))
     for mode in CLAMP_MODES:
@@ -340,6 +342,30 @@ def _by_variant(views: dict, names: list, keys: list) -> dict:
         }
     return out
 
+# %% ../../nbs/04c_claims.ipynb #284f2c66
+DEPTH_USE = 0.02  # nats: a control uses depth when its gain from exit 1 to its best exit reaches this (R1's threshold)
+
+
+def evidence_tags(views: dict, names: list) -> dict:
+    "{claim: the kind of evidence its verdict is}, from the seed-averaged measures of `names`, where one applies."
+    mean, tags = views['mean'], {}
+    nrm = [n for n in names if VARIANTS[n].final_readout_normalized]
+    width, scale = _vals(mean, names, 'width'), _vals(mean, nrm, 'radial scale')
+    why = []
+    if scale is not None and max(scale) * 100 <= MARGINS['blind_normalized']:
+        why.append(f"the normalized side follows from the lemma (eps/mean(H²) ≤ {max(scale):.1e})")
+    if width is not None and MARGINS['blind_raw'] < unaligned_cos(max(width)):
+        why.append(
+            f"the raw side's {MARGINS['blind_raw']:g} is below a random direction's {unaligned_cos(max(width)):.2f}"
+        )
+    if why:
+        tags['C2'] = f"cannot fail here: {'; '.join(why)}; measured/exact is a numerical identity"
+    gains = _vals(mean, _roles(names, per_loop_only=True)[1], 'gain best')
+    if gains is not None and max(gains) < DEPTH_USE:
+        tags['C3'] = f"not testable: no per-loop control gains ≥ {DEPTH_USE:g} nats to its best exit ({max(gains):.3f})"
+        tags['C7'] = 'not testable: entailed by C3 (a control that does not use depth is calibrated to stop at loop 1)'
+    return tags
+
 # %% ../../nbs/04c_claims.ipynb #e7486f2c
 def claim_set(records, names: list) -> dict:
     "Every claim over the variants `names` of `records`: numbers and verdict on seed-averaged measures, per-seed ones."
@@ -373,6 +399,50 @@ def claim_set(records, names: list) -> dict:
             verdict=_verdict(mean['holds'] if mean else None, held, len(seeds)),
             by_variant=_by_variant(views, names if cid == 'C2' else at + ctl, keys),
         )
+    for cid, tag in evidence_tags(views, names).items():
+        out[cid]['evidence'] = tag
+    return out
+
+# %% ../../nbs/04c_claims.ipynb #2d361560
+STRENGTHS = (0.5, 1.0, 2.0)  # half of every claimed effect (looser), the margin itself, double it (stricter)
+
+
+def margins_at(strength: float) -> dict:
+    "`MARGINS` with every claimed effect scaled by `strength` (0.5: half of it, looser; 2: double, stricter)."
+    m, f = MARGINS, strength
+    return dict(
+        m,
+        drift=m['drift'] * f,
+        blind_normalized=m['blind_normalized'] / f,
+        blind_raw=m['blind_raw'] * f,
+        lemma_low=m['lemma_low'] ** (1 / f),
+        lemma_high=m['lemma_high'] ** (1 / f),
+        depth=m['depth'] * f,
+        depth_min=m['depth_min'] * f,
+        clamp=m['clamp'] / f,
+        frontier=1 - (1 - m['frontier']) * f,
+        halting=m['halting'] * f,
+    )
+
+
+@contextmanager
+def _judged_with(margins: dict):
+    "The claims judged with `margins` inside the block; `MARGINS` restored after it, whatever happens."
+    saved = dict(MARGINS)
+    MARGINS.update(margins)
+    try:
+        yield
+    finally:
+        MARGINS.update(saved)
+
+
+def margin_sensitivity(records, names: list) -> dict:
+    "Per claim over `names`: its verdict and seeds held at half, one and double its margin (`STRENGTHS`)."
+    out = {}
+    for f in STRENGTHS:
+        with _judged_with(margins_at(f)):
+            for cid, c in claim_set(records, names).items():
+                out.setdefault(cid, {})[f'{f:g}'] = dict(verdict=c['verdict'], seeds_held=c['seeds_held'])
     return out
 
 # %% ../../nbs/04c_claims.ipynb #f95512dc
@@ -387,9 +457,15 @@ def evaluate_claims(records) -> dict:
     names = sorted({r['variant'] for r in records}, key=list(VARIANTS).index)
     official = [n for n in names if VARIANTS[n].group == 'official']
     ext = names if any(VARIANTS[n].group != 'official' for n in names) else []
+    section = lambda label, names, judged: dict(  # `judged`: the claims are evaluated (not measured, if no variant)
+        label=SECTIONS[label],
+        variants=names,
+        claims=claim_set(records, names) if judged else {},
+        margin_sensitivity=margin_sensitivity(records, names) if judged else {},
+    )
     return dict(
-        primary=dict(label=SECTIONS['primary'], variants=official, claims=claim_set(records, official)),
-        extension=dict(label=SECTIONS['extension'], variants=ext, claims=claim_set(records, ext) if ext else {}),
+        primary=section('primary', official, True),
+        extension=section('extension', ext, bool(ext)),
         preregistration=dict(
             margins=MARGINS,
             halting_policy='/'.join(HALT_POLICY),
@@ -397,6 +473,7 @@ def evaluate_claims(records) -> dict:
             internorm='judged on growth across loops ‖H_K‖/‖H_1‖, not on its absolute norm (C1); not in C5a',
             verdicts='reproduced: on the mean and every seed; partly: on the mean or some seeds; not reproduced at '
             'this scale: nowhere; not measured: variants or diagnostics absent',
+            margins_at={f'{f:g}': margins_at(f) for f in STRENGTHS if f != 1},
         ),
     )
 
@@ -422,9 +499,30 @@ def claims_markdown(cl: dict) -> str:
                 )
                 for k, x in v['numbers'].items()
             )
-            out.append(f"| {c} {v['title']} | {_md(v['statement'])} | {nums} | {v['seeds_held']} | {v['verdict']} |")
-        out.append('')
+            verdict = v['verdict'] + (f" — *{_md(v['evidence'])}*" if 'evidence' in v else '')
+            out.append(f"| {c} {v['title']} | {_md(v['statement'])} | {nums} | {v['seeds_held']} | {verdict} |")
+        out += ['', *_sensitivity_markdown(s.get('margin_sensitivity') or {})]
     return '\n'.join(out)
+
+
+def _sensitivity_markdown(ms: dict) -> list:
+    "The lines of a section's margin-sensitivity table: each claim's verdict (seeds held) at ½, 1 and 2× its margin."
+    if not ms:
+        return []
+    cell = lambda v: f"{v['verdict']} ({v['seeds_held']})"
+    rows = [f"| {c} | {' | '.join(cell(v[f'{f:g}']) for f in STRENGTHS)} |" for c, v in ms.items()]
+    flips = [c for c, v in ms.items() if len({x['verdict'] for x in v.values()}) > 1]
+    note = f"Verdicts that change within this range: {', '.join(flips) or 'none'}."
+    return [
+        'Margin sensitivity (half, one and double each margin):',
+        '',
+        '| claim | ½ margin | margin | 2× margin |',
+        '|---|---|---|---|',
+        *rows,
+        '',
+        note,
+        '',
+    ]
 
 # %% ../../nbs/04c_claims.ipynb #80e7a75f
 def write_claims(records, study_dir) -> dict:
