@@ -162,7 +162,7 @@ def test_a_preempted_job_resumes_to_identical_weights(tmp_path, smoke_data):
     assert_same_run(job['run_dir'], reference)  # every weight and optimizer tensor (torch.equal), every record
 
 
-def test_a_job_preempted_at_its_start_is_submitted_again(tmp_path, smoke_data):
+def test_a_job_preempted_at_its_start_is_submitted_again(tmp_path, smoke_data, capsys):
     "USR2 in a job's first instant kills it before submitit can requeue it (no result): the runner submits it again."
     job = study_jobs('smoke', ['perloop-rmsnorm'], tmp_path / 'study', seeds=[0])[0]
     make, hit = J.make_executor, []
@@ -185,6 +185,7 @@ def test_a_job_preempted_at_its_start_is_submitted_again(tmp_path, smoke_data):
     with mock.patch.object(J, 'make_executor', make_preempting):
         out = J.submit_jobs([job], _run_one, 'local', tmp_path / 'jobs', gpus_per_job=0, timeout_min=60, verbose=False)
     assert hit and out[0].state == 'done', out[0].error
+    assert 'ended before it could run' in capsys.readouterr().out  # the runner resubmitted it, not submitit
     assert run_status(job['run_dir'])['state'] == 'done'
     reference = tmp_path / 'uninterrupted'
     train(job['cfg'], reference, data=smoke_data, progress=False)

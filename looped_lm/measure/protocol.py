@@ -724,7 +724,7 @@ def from_hooks(
     name: str = None,
 ) -> LoopSpec:
     "A `LoopSpec` for `model` from its per-loop submodule(s) `loop_module` (first argument: the state, output: next)."
-    fk, name = forward_kwargs if callable(forward_kwargs) else dict(forward_kwargs or {}), name or type(model).__name__
+    fk, name = forward_kwargs, name or type(model).__name__  # `fresh_kwargs(fk)` for every call
     mods = _loop_modules(loop_module, states, embed, name)
     trace = _hooked_trace(model, mods, K, fk, states, select, name)
     if states is not None or not steppable:

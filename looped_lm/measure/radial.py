@@ -179,8 +179,9 @@ def radial_fractions(
     with torch.enable_grad(), float64_spec(spec):
         for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
             hidden, ctx = run_loops(spec, x, K, grad=True)  # each H_k is the very tensor fed to step k+1
+            if not dtypes:  # the first batch: the dtypes the readout really computes in, every operation counted
+                dtypes.update(readout_dtypes(spec, hidden[-1], ctx, K))
             dtypes.update(str(h.dtype).replace('torch.', '') for h in hidden)
-            dtypes.update(readout_dtypes(spec, hidden[-1], ctx, K) if not dtypes - {'float64'} else ())
             ces, outs = _readout_ces(spec, hidden, ctx, y, ce_chunk)
             g_obj = torch.autograd.grad(_objective(ces, hidden, loss, norm_penalty), hidden, retain_graph=True)
             for k, (h, ce, o) in enumerate(zip(hidden, ces, outs)):

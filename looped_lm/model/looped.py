@@ -631,12 +631,14 @@ def _save_weights(self, save_directory: Path):
 @classmethod
 def _load_weights(cls, model, model_file: str, map_location: str, strict: bool):
     "Load the weights once `config.json` is known to describe the architecture they were saved with (when recorded)."
-    saved, now = {}, dataclasses.asdict(model.config)
+    saved, now = {}, dataclasses.asdict(model.config)  # `dropout` and `init` do not change what the weights compute
     with suppress(SafetensorError, OSError, ValueError):  # damage: the loader's own error below names it
         with safe_open(model_file, 'pt') as f:
             saved = json.loads((f.metadata() or {}).get('looped_lm_config', '{}'))
     if diff := [
-        f"{k} is {now.get(k)!r} there, the weights were saved with {v!r}" for k, v in saved.items() if now.get(k) != v
+        f"{k} is {now.get(k)!r} there, the weights were saved with {v!r}"
+        for k, v in saved.items()
+        if now.get(k) != v and k not in ('dropout', 'init')
     ]:
         raise HubFolderError(
             f"config.json beside {model_file} does not describe its weights: {'; '.join(diff)}. "

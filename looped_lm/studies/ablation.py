@@ -24,7 +24,7 @@ from .runner import repo_root, repo_relative, check_folder, check_spawn_guard, j
 from .runner import run_jobs, study_lock, check_device, check_workers
 
 # %% auto #0
-__all__ = ['collect', 'run_ablation', 'run_study']
+__all__ = ['JOB_DEFAULTS', 'collect', 'run_ablation', 'run_study']
 
 # %% ../../nbs/04d_ablation.ipynb #171ecc3c
 @dataclass
@@ -264,6 +264,9 @@ def _publish_locked(st: Study, states: list, outcomes, device, data) -> list:
     return records
 
 # %% ../../nbs/04d_ablation.ipynb #0c9ad5cb
+JOB_DEFAULTS = dict(gpus_per_job=1, timeout_min=24 * 60)  # of a submitit job, unless a study says otherwise
+
+
 def run_ablation(
     preset='cpu',
     variants=None,
@@ -283,8 +286,7 @@ def run_ablation(
     """Train what is missing, diagnose every run, then (under the study lock) write records, tables and claims.
     `executor` 'local', 'slurm' or 'debug': one submitit job per run (`job_options`: `submit_jobs`' gpus_per_job,
     timeout_min, partition, slurm_options), at most `workers` at once. `plan_only`: print the plan, return it."""
-    plan_only = as_flag(plan_only, 'plan_only')
-    opts = dict(dict(gpus_per_job=1, timeout_min=24 * 60), **job_options)
+    plan_only, opts = as_flag(plan_only, 'plan_only'), {**JOB_DEFAULTS, **job_options}
     on_jobs = check_study_executor(executor, plan_only, opts['gpus_per_job'], opts['timeout_min'])
     st = check_params(preset, variants, seeds, out_dir, device, fig_dir, workers, on_jobs)
     return run_study(st, data_dir, progress, max_eval_batches, lock_wait, executor, plan_only, **opts)
@@ -303,7 +305,7 @@ def run_study(
     """`run_ablation` for a study `check_params` validated (with `check_study_executor`'s `executor`): what is missing
     trained, every run diagnosed, records, tables and claims published; `plan_only`: the plan."""
     plan_only = as_flag(plan_only, 'plan_only')
-    on_jobs, opts = executor != 'inprocess' or plan_only, dict(dict(gpus_per_job=1, timeout_min=24 * 60), **job_options)
+    on_jobs, opts = executor != 'inprocess' or plan_only, {**JOB_DEFAULTS, **job_options}
     lock_wait = check_lock_wait(lock_wait)
     data = None if on_jobs else prepare_data(st.cfg, data_dir=data_dir)  # the token cache, before any worker starts
     dev = None if on_jobs else str(resolve_device(st.cfg))  # None: each job's machine decides

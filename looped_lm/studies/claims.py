@@ -436,14 +436,18 @@ def _judged_with(margins: dict):
         MARGINS.update(saved)
 
 
-def margin_sensitivity(records, names: list) -> dict:
-    "Per claim over `names`: its verdict and seeds held at half, one and double its margin (`STRENGTHS`)."
-    out = {}
+def margin_sensitivity(records, names: list, judged: dict = None) -> dict:
+    """Per claim over `names`: its verdict and seeds held at half, one and double its margin (`STRENGTHS`); `judged`:
+    the claims already judged at the margin itself (`claim_set`), not judged again."""
+    at = {}
     for f in STRENGTHS:
+        if f == 1 and judged is not None:
+            at[f] = judged
+            continue
         with _judged_with(margins_at(f)):
-            for cid, c in claim_set(records, names).items():
-                out.setdefault(cid, {})[f'{f:g}'] = dict(verdict=c['verdict'], seeds_held=c['seeds_held'])
-    return out
+            at[f] = claim_set(records, names)
+    pick = lambda c: dict(verdict=c['verdict'], seeds_held=c['seeds_held'])
+    return {cid: {f'{f:g}': pick(at[f][cid]) for f in STRENGTHS} for cid in at[1]}
 
 # %% ../../nbs/04c_claims.ipynb #f95512dc
 SECTIONS = dict(
@@ -457,12 +461,12 @@ def evaluate_claims(records) -> dict:
     names = sorted({r['variant'] for r in records}, key=list(VARIANTS).index)
     official = [n for n in names if VARIANTS[n].group == 'official']
     ext = names if any(VARIANTS[n].group != 'official' for n in names) else []
-    section = lambda label, names, judged: dict(  # `judged`: the claims are evaluated (not measured, if no variant)
-        label=SECTIONS[label],
-        variants=names,
-        claims=claim_set(records, names) if judged else {},
-        margin_sensitivity=margin_sensitivity(records, names) if judged else {},
-    )
+
+    def section(label, names, judged):  # `judged`: the claims are evaluated (not measured, if no variant)
+        claims = claim_set(records, names) if judged else {}
+        ms = margin_sensitivity(records, names, claims) if judged else {}
+        return dict(label=SECTIONS[label], variants=names, claims=claims, margin_sensitivity=ms)
+
     return dict(
         primary=section('primary', official, True),
         extension=section('extension', ext, bool(ext)),
