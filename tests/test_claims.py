@@ -60,8 +60,9 @@ def test_layout_primary_first_then_extension():
         ('C1', 'perloop-finalnorm', dict(norm=5e3), ('primary', 'extension')),  # a control drifts too
         ('C1', 'internorm', dict(growth=5.0), ('extension',)),  # the inter-loop-normalized state grows across loops
         ('C2', 'terminal-penalty', dict(radial=1e-3), ('primary', 'extension')),  # a normalized readout is not blind
-        ('C2', 'perloop-rmsnorm', dict(lemma_ratio=5.0), ('primary', 'extension')),  # 5x the lemma's exact value
-        ('C2', 'layernorm', dict(lemma_ratio=0.3), ('extension',)),  # a third of it, through LayerNorm
+        ('C2', 'perloop-raw', dict(radial=5e-3), ('primary', 'extension')),  # a raw readout 14x under random
+        ('L1', 'perloop-rmsnorm', dict(lemma_ratio=5.0), ('primary', 'extension')),  # 5x the lemma's exact value
+        ('L1', 'layernorm', dict(lemma_ratio=0.3), ('extension',)),  # a third of it, through LayerNorm
         ('C3', 'perloop-penalty', dict(ppl=(45, 45, 45, 45)), ('primary', 'extension')),
         ('C3', 'internorm', dict(ppl=(45, 45, 45, 45)), ('extension',)),
         ('C4a', 'perloop-rmsnorm', dict(clamp_ratio={'freeze_loop1': 1.05}), ('primary', 'extension')),
@@ -76,14 +77,15 @@ def test_layout_primary_first_then_extension():
 def test_one_failing_member_fails_its_claim_in_its_sections(claim, member, change, sections):
     every_seed = evaluate_claims(synthetic_study((0, 1), **{member: change}))
     one_seed = evaluate_claims(synthetic_study((0,)) + synthetic_study((1,), **{member: change}))
+    judged = lambda cl, sec: {**cl[sec]['claims'], **cl[sec]['checks']}  # the claims and the numerical checks
     for sec in ('primary', 'extension'):
-        a, b = every_seed[sec]['claims'][claim], one_seed[sec]['claims'][claim]
+        a, b = judged(every_seed, sec)[claim], judged(one_seed, sec)[claim]
         if sec in sections:
             assert (a['verdict'], a['seeds_held']) == ('not reproduced at this scale', '0/2'), a
             assert b['verdict'] != 'reproduced' and b['seeds_held'] == '1/2', b
         else:
             assert a['verdict'] == 'reproduced', a
-    others = {c: v['verdict'] for c, v in every_seed['extension']['claims'].items() if c != claim}
+    others = {c: v['verdict'] for c, v in judged(every_seed, 'extension').items() if c != claim}
     assert set(others.values()) <= {'reproduced', 'not reproduced at this scale'}
 
 
@@ -100,31 +102,36 @@ def test_clamp_modes_are_judged_separately_with_a_seed_range():
     assert c4a['numbers']['min ‖H_K‖/‖H_1‖ unclamped'] == pytest.approx(3.0)
 
 
-def test_c2_reads_the_per_token_lemma_ratio_and_the_raw_baseline():
+def test_c2_reads_the_raw_baseline_and_l1_the_per_token_lemma_ratio():
     off = {'perloop-rmsnorm': dict(lemma_ratio=1.8, cot=0.3)}
-    c2 = evaluate_claims(synthetic_study((0, 1), **off))['primary']['claims']
-    c2 = c2['C2']
-    assert c2['verdict'] == 'reproduced'  # 1.8 is inside [0.5, 2]
+    primary = evaluate_claims(synthetic_study((0, 1), **off))['primary']
+    c2, l1 = primary['claims']['C2'], primary['checks']['L1']
+    assert c2['verdict'] == l1['verdict'] == 'reproduced'  # 1.8 is inside [0.5, 2]
     base = unaligned_cos(128)
-    assert c2['numbers']['unaligned √(2/(πd))'] == pytest.approx(0.0705, abs=1e-4)
+    assert c2['numbers']['random direction √(2/(πd))'] == pytest.approx(0.0705, abs=1e-4)
     assert c2['numbers']['min radial raw / √(2/(πd))'] == pytest.approx(0.1 / base)
+    assert MARGINS['blind_raw'] == 0.1  # a raw readout must reach a tenth of a random direction's fraction
+    assert 'evidence' in l1 and l1['evidence'].startswith('identity')
+    c2 = l1
     assert c2['numbers']['max median measured/exact'] == pytest.approx(1.8)
     assert c2['numbers']['min median measured/exact'] == pytest.approx(1.0)
     assert c2['numbers']['max p95 measured/exact'] == pytest.approx(1.1 * 1.8)
     assert c2['numbers']['max median |cot|'] == pytest.approx(0.3)
     mean, lo, hi = c2['by_variant']['perloop-rmsnorm']['lemma ratio']
     assert mean == lo == hi == pytest.approx(1.8)
-    assert c2['by_variant']['perloop-rmsnorm']['radial scale'][0] == pytest.approx(1e-9 / 0.3)
+    scale = primary['claims']['C2']['by_variant']['perloop-rmsnorm']['radial scale'][0]  # C2 shows the lemma's scale
+    assert scale == pytest.approx(1e-9 / 0.3)
     assert 'lemma ratio' not in c2['by_variant']['perloop-raw']  # a raw readout has no lemma prediction
     assert MARGINS['lemma_low'] == 0.5 and MARGINS['lemma_high'] == 2.0
 
 
-def test_c2_without_the_lemma_fields_is_not_measured_and_says_why():
+def test_l1_without_the_lemma_fields_is_not_measured_and_says_why():
     old = synthetic_study((0, 1), **{v: dict(lemma_ratio=None) for v in ('perloop-rmsnorm', 'terminal-rmsnorm')})
-    c2 = evaluate_claims(old)['primary']['claims']['C2']
-    assert (c2['verdict'], c2['holds_on_mean'], c2['seeds_held']) == ('not measured', None, '0/2')
-    assert 'diagnostics before v5' in c2['numbers']['lemma'] and 'rerun diagnose_run' in c2['numbers']['lemma']
-    assert c2['numbers']['max radial normalized'] == pytest.approx(1e-9)  # the thresholds are still reported
+    l1 = evaluate_claims(old)['primary']['checks']['L1']
+    assert (l1['verdict'], l1['holds_on_mean'], l1['seeds_held']) == ('not measured', None, '0/2')
+    assert 'diagnostics before v5' in l1['numbers']['lemma'] and 'rerun diagnose_run' in l1['numbers']['lemma']
+    c2 = evaluate_claims(old)['primary']['claims']['C2']  # the blind spot itself needs no per-token ratio
+    assert c2['verdict'] == 'reproduced' and c2['numbers']['max radial normalized'] == pytest.approx(1e-9)
     assert 'diagnostics before v5' in claims_markdown(evaluate_claims(old))
     # the thresholds alone already fail: not reproduced, whatever the lemma would say
     bad = synthetic_study((0,), **{'perloop-rmsnorm': dict(lemma_ratio=None, radial=1e-3)})
@@ -185,7 +192,7 @@ def test_table1_reads_the_scale_of_either_report_version(tmp_path):
 def test_a_not_measured_reason_is_said_once_in_claims_md():
     old = synthetic_study((0, 1), **{v: dict(lemma_ratio=None) for v in ('perloop-rmsnorm', 'terminal-rmsnorm')})
     cl = evaluate_claims(old)
-    assert 'lemma' not in cl['primary']['claims']['C2']['seed_range']
+    assert 'lemma' not in cl['primary']['checks']['L1']['seed_range']
     assert 'max radial normalized' in cl['primary']['claims']['C2']['seed_range']
     assert claims_markdown(cl).count('diagnostics before v5') == 2  # once per section, not again in the brackets
 

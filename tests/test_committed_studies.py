@@ -22,7 +22,7 @@ def test_tables_and_claims_rebuild_from_the_committed_records(study, tmp_path):
     from looped_lm.studies.claims import rebuild
 
     src = FIGURES / study
-    for name in ('runs.jsonl', 'throughput.json'):
+    for name in ('runs.jsonl', 'throughput.json', 'study.json'):  # study.json: the preset, whose choice adds tags
         if (src / name).exists():
             shutil.copy(src / name, tmp_path / name)
     rebuild(tmp_path)
@@ -87,6 +87,68 @@ def test_evidence_tags_and_margin_sensitivity_follow_the_records(study):
     untestable = max(gains) < 0.02
     assert ('evidence' in claims['claims']['C3']) == untestable, (study, gains)
     assert ('evidence' in claims['claims']['C7']) == untestable, (study, gains)
-    assert sorted(claims['margin_sensitivity']) == sorted(claims['claims'])
+    judged = {**claims['claims'], **claims['checks']}  # the claims and the numerical checks (L1)
+    assert sorted(claims['margin_sensitivity']) == sorted(judged)
     for c, by_margin in claims['margin_sensitivity'].items():
-        assert list(by_margin) == ['0.5', '1', '2'] and by_margin['1']['verdict'] == claims['claims'][c]['verdict']
+        assert list(by_margin) == ['0.5', '1', '2'] and by_margin['1']['verdict'] == judged[c]['verdict']
+
+
+@pytest.mark.parametrize('study', WITH_RECORDS)
+def test_selected_for_and_transient_tags_follow_the_choice_record(study):
+    """Recomputed here from the records without the claims code: a study of a preset chosen on the drift tags C1 and
+    C5a *selected for*; its C6 is tagged *transient* exactly when it holds here on some seed and, at the last checkpoint
+    of the longer runs of the same setting, some per-loop control is above 0.99x the at-risk PPL at some exit on every
+    seed."""
+    import json
+    from looped_lm.studies.variants import VARIANTS
+
+    choices = json.loads((FIGURES / 'preset-choice' / 'choice.json').read_text())
+    preset = json.loads((FIGURES / study / 'study.json').read_text())['preset']
+    claims = json.loads((FIGURES / study / 'claims.json').read_text())['primary']['claims']
+    tag = lambda c: claims[c].get('evidence', '')
+    choice = choices.get(preset)
+    for c in ('C1', 'C5a'):
+        assert ('selected for' in tag(c)) == bool(choice and 'drift' in choice['chosen_on']), (study, c, tag(c))
+    if not choice:
+        assert not any('transient' in tag(c) for c in claims), study
+        return
+    last = {}
+    for f in (FIGURES.parent / choice['longer_runs']['records']).glob('*.jsonl'):
+        for r in map(json.loads, f.read_text().splitlines()):
+            if abs(r['lr'] - choice['longer_runs']['lr']) < 1e-12 and r['step'] >= last.get(r['seed'], {}).get(
+                (r['variant']), {}
+            ).get('step', -1):
+                last.setdefault(r['seed'], {})[r['variant']] = r
+    fails = []
+    for seed, runs in last.items():
+        ppl = {v: [e['ppl'] for e in r['diag']['exits']['validation']] for v, r in runs.items()}
+        at = [v for v in ppl if VARIANTS[v].per_loop and not VARIANTS[v].scale_controlled]
+        ctl = [v for v in ppl if VARIANTS[v].per_loop and VARIANTS[v].scale_controlled]
+        ratio = max(max(ppl[c][k] for c in ctl) / min(ppl[a][k] for a in at) for k in range(len(ppl[at[0]])))
+        fails.append(ratio > 0.99)
+    reverses = all(fails) and claims['C6']['verdict'] in ('reproduced', 'partly')
+    assert ('transient' in tag('C6')) == reverses, (study, fails, tag('C6'))
+
+
+def test_horizon_pages_rebuild_from_the_committed_records(tmp_path):
+    """Issue 32: the horizon study's table is rebuilt from `records/*.jsonl` alone, and its three analyses (per-run,
+    within-lr dose-response; collapse; drift law, with no carry for a law flagged not usable) from that table, byte-
+    identical to the committed pages."""
+    import dataclasses
+    import pandas as pd
+    from looped_lm.extensions.horizon import analyse, check_horizon, horizon_table, read_records, write_horizon
+
+    src = FIGURES / 'horizon-cpu'
+    records = [r for f in sorted((src / 'records').glob('*.jsonl')) for r in read_records(f)]
+    table = horizon_table(records)
+    committed = pd.read_csv(src / 'horizon.csv')
+    key = ['lr', 'variant', 'seed', 'step']
+    table, committed = (t.sort_values(key).reset_index(drop=True) for t in (table, committed))
+    pd.testing.assert_frame_equal(table[committed.columns], committed, check_exact=False, rtol=1e-9, check_dtype=False)
+    plan = check_horizon('cpu', tmp_path / 'cpu', tmp_path / 'figs', device='cpu', workers=1)
+    plan.out_dir.mkdir()
+    res = analyse(plan, committed)
+    write_horizon(dataclasses.replace(res, plan=plan))
+    for name in ('collapse.md', 'dose.md', 'drift.md'):
+        assert (plan.out_dir / name).read_text() == (src / name).read_text(), f"horizon-cpu/{name} differs"
+    assert "not carried to the paper's clocks" in (src / 'drift.md').read_text()

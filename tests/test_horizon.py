@@ -100,23 +100,36 @@ def test_collapse_picks_the_clock_it_was_built_on():
     assert apart.verdict.iloc[0] == 'undecided (no overlap)' and math.isnan(apart['spread lr_steps'].iloc[0])
 
 
-def test_dose_response_recovers_built_slopes():
+def test_dose_response_fits_per_run_within_each_lr():
+    """Issue 32: slopes per run (a run's checkpoints are not independent), read within each lr over its runs, C6 over
+    the per-loop controls only, the gain fitted on ln s with every point; the built truths are recovered per lr."""
     syn = synthetic_horizon('lr_steps', variants=(AT_RISK,))
     rng = np.random.default_rng(1)
+    s = syn.norm_rms
     syn = syn.assign(
-        gain=0.5 / syn.norm_rms * np.exp(0.05 * rng.standard_normal(len(syn))),
-        **{'clamp freeze_loop1': np.exp(0.2 * syn.norm_rms**-0.3), 'clamp remove_radial': 1.0, 'halt loops': 4.0},
+        gain=0.05 / s - 0.1,  # negative at large s: kept
+        **{'clamp freeze_loop1': np.exp(0.5 / s), 'clamp remove_radial': np.exp(0.2 * s**-0.3), 'halt loops': 4.0},
     )
-    ctl = syn.assign(variant='perloop-raw', c6=0.9 * (syn.norm_rms / 10) ** -0.2, s_at_risk=syn.norm_rms)
-    dr = dose_response(pd.concat([syn, ctl], ignore_index=True))
-    assert dr.loc['gain', 'verdict'] == 'follows 1/s' and dr.loc['gain', 'slope'] == pytest.approx(-1, abs=0.05)
-    assert dr.loc['clamp freeze_loop1', 'verdict'] == 'falls, not as 1/s'
-    assert dr.loc['clamp freeze_loop1', 'slope'] == pytest.approx(-0.3, abs=1e-6)
-    assert dr.loc['clamp remove_radial', 'used'] == 0 and dr.loc['clamp remove_radial', 'verdict'] == 'too few points'
-    assert dr.loc['c6', 'verdict'] == 'falls with s' and dr.loc['c6', 'slope'] == pytest.approx(-0.2, abs=1e-6)
-    assert dr.loc['c6', 'spearman'] == pytest.approx(-1.0)
-    neg = syn.assign(gain=np.where(syn.step < 200, -0.01, syn.gain))
-    assert dose_response(neg).loc['gain', 'used'] == (syn.step >= 200).sum()
+    ctl = syn.assign(variant='perloop-raw', c6=0.9 * (s / 10) ** -0.2, s_at_risk=s)
+    term = ctl.assign(variant='terminal-raw', c6=1e6 * s)  # a terminal variant is not a C6 control
+    dr = dose_response(pd.concat([syn, ctl, term], ignore_index=True))
+    assert sorted(set(dr.index.get_level_values('lr'))) == [3e-3, 1e-2]
+    for lr in (3e-3, 1e-2):
+        row = lambda name: dr.loc[(name, lr)]
+        assert row('clamp freeze_loop1').verdict == 'falls as 1/s'
+        assert row('clamp freeze_loop1').slope == pytest.approx(-1, abs=0.05)
+        assert row('clamp remove_radial').verdict == 'falls, not as 1/s'
+        assert row('clamp remove_radial').slope == pytest.approx(-0.3, abs=1e-6)
+        assert row('c6').runs == 3 and row('c6').slope == pytest.approx(-0.2, abs=1e-6)  # perloop-raw's runs only
+        assert row('c6').spearman == pytest.approx(-1.0)
+        assert (row('gain').used, row('gain').points, row('gain').verdict) == (21, 21, 'falls with s')
+        assert row('clamp freeze_loop1')['predicted (ours)'] == -1.0 and math.isnan(row('gain')['predicted (ours)'])
+    # one run per lr gives a slope but no interval over runs: no verdict is drawn from it
+    one = dose_response(syn[syn.seed == 0])
+    assert (one.runs == 1).all() and (one.verdict == 'too few runs').all()
+    # a slope spread over runs that holds both 0 and -1 decides nothing
+    noisy = syn.assign(**{'clamp freeze_loop1': np.exp(0.5 / s * s ** (syn.seed.map({0: -1.5, 1: 0.0, 2: 1.2})))})
+    assert dose_response(noisy).loc[('clamp freeze_loop1', 1e-2)].verdict.startswith('undecided')
 
 
 def test_drift_law_out_of_sample_and_carry():
@@ -167,7 +180,7 @@ def test_tiny_grid_end_to_end(tiny, smoke_data, tmp_path):
     assert len(t) == 8 * 4 and t.groupby(['lr', 'variant', 'seed']).step.apply(tuple).map((4, 8, 16, 32).__eq__).all()
     assert np.allclose(t.lr_steps, t.step * t.lr) and t.radial.between(0, 1).all() and (t.norm > 0).all()
     assert t[t.variant == AT_RISK].c6.isna().all() and t[t.variant != AT_RISK].c6.notna().all()
-    assert len(res.collapse) == 2 and {'gain', 'c6'} <= set(res.dose.index) and res.law is not None
+    assert len(res.collapse) == 2 and {'gain', 'c6'} <= set(res.dose.index.get_level_values(0)) and res.law is not None
     for f in ('horizon.csv', 'horizon.md', 'collapse.md', 'dose.md', 'drift.md'):
         assert (out / f).stat().st_size > 0
     j = res.plan.jobs[0]

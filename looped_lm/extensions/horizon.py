@@ -6,8 +6,8 @@
 from __future__ import annotations
 import math
 import numpy as np, pandas as pd
-from .growth import PAPER_TOKENS, PAPER_DRIFT, fit_growth, fit_holdout, t_interval
-from ..studies.variants import AT_RISK
+from .growth import PAPER_TOKENS, PAPER_DRIFT, fit_holdout, t_interval
+from ..studies.variants import AT_RISK, VARIANTS
 import dataclasses
 import hashlib
 import json
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from ..core.config import ExperimentConfig, ConfigError, load_preset, named_choice
 from ..training.train import lr_at, resolve_device, train, TrainingError
-from ..studies.variants import VARIANTS, GROUPS, check_variants, check_seeds
+from ..studies.variants import GROUPS, check_variants, check_seeds
 from looped_lm.studies.runner import (
     check_device,
     check_lock_wait,
@@ -143,12 +143,14 @@ def collapse_test(df: pd.DataFrame, variants=(AT_RISK, 'perloop-raw'), clocks=CL
     return pd.DataFrame(rows).set_index('variant') if rows else pd.DataFrame()
 
 # %% ../../nbs/06c_horizon.ipynb #419da033
-CONSEQUENCES = {  # column, rows it is read from, the prediction's slope of ln|y| on ln s (None: only its sign)
-    'gain': ('gain', 'at-risk', -1.0),
-    'clamp freeze_loop1': ('clamp freeze_loop1', 'at-risk', -1.0),
-    'clamp remove_radial': ('clamp remove_radial', 'at-risk', -1.0),
-    'halt loops': ('halt loops', 'at-risk', None),
-    'c6': ('c6', 'controls', None),
+CONSEQUENCES = {  # column, rows it is read from, fit ('log': ln y on ln s, y > 0; 'linear': y on ln s, every point),
+    # and OUR predicted slope of the log fit (None: only its sign is read). The -1 is derived here from Lemma 2's
+    # angular step 1/s (nbs/01a_lemmas), not stated by the paper.
+    'gain': ('gain', 'at-risk', 'linear', None),
+    'clamp freeze_loop1': ('clamp freeze_loop1', 'at-risk', 'log', -1.0),
+    'clamp remove_radial': ('clamp remove_radial', 'at-risk', 'log', -1.0),
+    'halt loops': ('halt loops', 'at-risk', 'log', None),
+    'c6': ('c6', 'per-loop controls', 'log', None),
 }
 
 
@@ -156,34 +158,63 @@ def _effect(name: str, y: pd.Series) -> pd.Series:
     "The size of a consequence: |ln ratio| for the clamps (1 = no effect), the value itself otherwise."
     return np.log(y).abs() if name.startswith('clamp') else y
 
+
+def _rows_of(df: pd.DataFrame, who: str) -> pd.DataFrame:
+    "The rows a consequence is read from: the at-risk runs, or the per-loop scale-controlled runs (C6's controls)."
+    if who == 'at-risk':
+        return df[df.variant == AT_RISK]
+    return df[df.variant.map(lambda v: VARIANTS[v].per_loop and VARIANTS[v].scale_controlled)]
+
 # %% ../../nbs/06c_horizon.ipynb #15e3e234
-def _slope_row(name: str, s: pd.Series, y: pd.Series, predicted) -> dict:
-    "The fit of ln y on ln s (y > 0 only), its 95% interval, Spearman's rho on every point, and the verdict."
-    ok = (y > 0) & (s > 0) & np.isfinite(y) & np.isfinite(s)
-    rho = float(np.corrcoef(y.rank(), s.rank())[0, 1]) if len(y) > 2 and y.nunique() > 1 else float('nan')
-    row = dict(consequence=name, points=int(len(y)), used=int(ok.sum()), spearman=rho, predicted=predicted)
-    if s[ok].nunique() < 3:
+def _run_slope(s: pd.Series, y: pd.Series, fit: str) -> tuple:
+    "(slope, Spearman rho, points used) of one run's checkpoints: ln y (fit 'log', y > 0) or y on ln s; None: < 3 s."
+    ok = (s > 0) & np.isfinite(s) & np.isfinite(y) & ((y > 0) if fit == 'log' else True)
+    x, v = np.log(s[ok].to_numpy(float)), y[ok].to_numpy(float)
+    if len(np.unique(x)) < 3:
+        return None
+    v = np.log(v) if fit == 'log' else v
+    rho = float(np.corrcoef(pd.Series(x).rank(), pd.Series(v).rank())[0, 1]) if len(np.unique(v)) > 1 else 0.0
+    return float(np.polyfit(x, v, 1)[0]), rho, int(ok.sum())
+
+
+def _dose_verdict(lo: float, hi: float, predicted) -> str:
+    "What the 95% interval over runs of the slope says: its sign, and whether OUR predicted slope is inside it."
+    if not np.isfinite(lo) or not np.isfinite(hi):
+        return 'too few runs'
+    if hi < 0:
+        return 'falls with s' if predicted is None else ('falls as 1/s' if lo <= predicted else 'falls, not as 1/s')
+    if lo > 0:
+        return 'rises with s'
+    return 'undecided: 0 and our -1 both inside' if predicted is not None and lo <= predicted else 'no trend'
+
+
+def _lr_row(name: str, lr: float, fits: list, points: int, predicted) -> dict:
+    "One consequence at one lr: the per-run slopes' mean, spread and 95% t interval over runs, and the verdict."
+    fits = [f for f in fits if f is not None]
+    row = dict(consequence=name, lr=lr, runs=len(fits), points=points, used=sum(f[2] for f in fits))
+    if not fits:
         return dict(row, verdict='too few points')
-    f = fit_growth(s[ok], y[ok])
-    lo, hi = f['ci95']
-    if predicted is not None:
-        verdict = 'follows 1/s' if lo <= predicted <= hi else ('falls, not as 1/s' if hi < 0 else 'does not fall')
-    else:
-        verdict = 'falls with s' if hi < 0 else ('rises with s' if lo > 0 else 'no trend')
-    return dict(row, slope=f['exponent'], ci_lo=lo, ci_hi=hi, r2=f['r2'], verdict=verdict)
+    slopes = np.array([f[0] for f in fits])
+    m, lo, hi = t_interval(slopes)
+    spread = dict(slope_min=float(slopes.min()), slope_max=float(slopes.max()), ci_lo=lo, ci_hi=hi)
+    rho = float(np.median([f[1] for f in fits]))
+    ours = {'predicted (ours)': predicted}
+    return dict(row, slope=m, **spread, spearman=rho, **ours, verdict=_dose_verdict(lo, hi, predicted))
 
 
 def dose_response(df: pd.DataFrame, s: str = 'norm_rms') -> pd.DataFrame:
-    "Every consequence against the at-risk drift s across checkpoints, lrs and seeds (`CONSEQUENCES`)."
+    """Every consequence against the at-risk drift s (`CONSEQUENCES`), fitted per run (a run's checkpoints are not
+    independent points) within each lr and summarised over the runs of that lr: never pooled over lrs or checkpoints."""
     rows = []
-    for name, (col, who, pred) in CONSEQUENCES.items():
-        d = df[df.variant == AT_RISK] if who == 'at-risk' else df[df.variant != AT_RISK]
+    for name, (col, who, fit, pred) in CONSEQUENCES.items():
+        d = _rows_of(df, who)
         if col not in d or not len(d):
             continue
         x = d[s] if who == 'at-risk' else d['s_at_risk']
-        d = d[d[col].notna() & x.notna()]
-        rows.append(_slope_row(name, x.loc[d.index], _effect(name, d[col]), pred))
-    return pd.DataFrame(rows).set_index('consequence') if rows else pd.DataFrame()
+        for lr, g in d.groupby('lr'):
+            fits = [_run_slope(x.loc[r.index], _effect(name, r[col]), fit) for _, r in g.groupby(['variant', 'seed'])]
+            rows.append(_lr_row(name, float(lr), fits, len(g), pred))
+    return pd.DataFrame(rows).set_index(['consequence', 'lr']) if rows else pd.DataFrame()
 
 # %% ../../nbs/06c_horizon.ipynb #a9a0bb01
 def _seed_fit(d: pd.DataFrame, clock: str, value: str, split_step: int) -> dict:
@@ -661,6 +692,11 @@ def analyse(plan: HorizonPlan, table: pd.DataFrame, states: list = ()) -> Horizo
     )
 
 # %% ../../nbs/06c_horizon.ipynb #8212b8e4
+NOT_CARRIED = (
+    "not carried to the paper's clocks: a law flagged not usable (out-of-sample error ≥ ln 2) predicts nothing\n"
+)
+
+
 def write_horizon(res: Horizon):
     "The table and the analyses into the study folder (CSV with every column, Markdown to read)."
     out, t = res.plan.out_dir, res.table
@@ -695,7 +731,7 @@ def write_horizon(res: Horizon):
             f"{law['err_in']:.3f}, out-of-sample {law['err_out']:.3f} (usable: {law['usable']})\n\n"
             + to_markdown(law['seeds'])
             + '\n'
-            + to_markdown(law['carry'])
+            + (to_markdown(law['carry']) if law['usable'] else NOT_CARRIED)
         )
     )
     write_atomic(out / 'drift.md', text)

@@ -574,7 +574,7 @@ def _margin_sentences(done: pd.DataFrame, plan: ScalingPlan) -> list:
     out.append(
         "- Radial fraction of the at-risk final readout (C2 asks ≤ 1e-4): "
         f"{_span(p['radial'].get(AT_RISK, pd.Series(dtype=float)))}"
-        + (f"; of the raw readout (C2 asks ≥ 1e-2): {_span(p['radial'][raw].stack())}." if raw else '.')
+        + (f"; of the raw readout (C2 asks ≥ 0.1·√(2/(πd))): {_span(p['radial'][raw].stack())}." if raw else '.')
     )
     out.append(
         f"- Gain exit 1→K in nats: at-risk {_span(p['gain'].get(AT_RISK, pd.Series(dtype=float)))}; "

@@ -20,17 +20,18 @@ from ..measure.diagnostics import HEAVY_TAIL_HILL
 from ..measure.diagnostics import radial_scale_of
 from .variants import VARIANTS
 from .tables import dig, _md, read_run_records, read_throughput, write_tables
+from .runner import repo_root
 
 # %% auto #0
-__all__ = ['MARGINS', 'CLAIMS', 'Claim', 'evaluate_claims', 'write_claims', 'rebuild']
+__all__ = ['MARGINS', 'CLAIMS', 'CHECKS', 'Claim', 'evaluate_claims', 'write_claims', 'rebuild']
 
 # %% ../../nbs/04c_claims.ipynb #41a37bd4
 MARGINS = dict(
     drift=5.0,  # C1, C5a: at-risk norm / largest scale-visible norm
     blind_normalized=1e-4,  # C2: largest radial fraction of a normalized final readout
-    blind_raw=1e-2,  # C2: smallest radial fraction of a raw final readout
-    lemma_low=0.5,  # C2: smallest median per-token measured / exact (the lemma's) of a normalized final readout
-    lemma_high=2.0,  # C2: largest
+    blind_raw=0.1,  # C2: smallest radial fraction of a raw final readout / a random direction's √(2/(πd))
+    lemma_low=0.5,  # L1: smallest median per-token measured / exact (the lemma's) of a normalized final readout
+    lemma_high=2.0,  # L1: largest
     depth=3.0,  # C3: controlled gain / at-risk gain
     depth_min=0.01,  # C3: and at least this many nats
     clamp=0.01,  # C4a, C4b: |PPL ratio - 1|
@@ -127,22 +128,29 @@ def _c1(m, names):
 def _c2(m, names):
     nrm = [n for n in names if VARIANTS[n].final_readout_normalized]
     raw = [n for n in names if n not in nrm]
-    a, c, w = _vals(m, nrm, 'radial'), _vals(m, raw, 'radial'), _vals(m, names, 'width')
-    if a is None or c is None:
+    a, c, w = _vals(m, nrm, 'radial'), _vals(m, raw, 'radial'), _vals(m, raw, 'width')
+    if a is None or c is None or w is None:
         return None
-    num = {'max radial normalized': max(a), 'min radial raw': min(c)}
-    if w is not None:
-        base = unaligned_cos(max(w))
-        num.update({'unaligned √(2/(πd))': base, 'min radial raw / √(2/(πd))': min(c) / base})
-    blind = max(a) <= MARGINS['blind_normalized'] and min(c) >= MARGINS['blind_raw']
+    rel = [x / unaligned_cos(d) for x, d in zip(c, w)]  # each raw readout against a random direction at its width
+    num = {
+        'max radial normalized': max(a),
+        'min radial raw': min(c),
+        'random direction √(2/(πd))': unaligned_cos(max(w)),
+    }
+    num['min radial raw / √(2/(πd))'] = min(rel)
+    return dict(numbers=num, holds=max(a) <= MARGINS['blind_normalized'] and min(rel) >= MARGINS['blind_raw'])
+
+
+def _l1(m, names):
+    "The visibility lemma as a numerical identity: our measured radial fraction over the lemma's exact one, per token."
+    nrm = [n for n in names if VARIANTS[n].final_readout_normalized]
     q, lo, hi, t = (_vals(m, nrm, k) for k in ('lemma ratio', 'lemma ratio p05', 'lemma ratio p95', '|cot| median'))
-    if q is None:  # diagnostics older than v5: no per-token ratio; not a failure
-        num['lemma'] = NO_LEMMA
-        return dict(numbers=num, holds=None if blind else False)
-    num.update({'min median measured/exact': min(q), 'max median measured/exact': max(q)})
+    if q is None:  # diagnostics older than v5 (no per-token ratio): not measured, and said so; no variant: None
+        return dict(numbers={'lemma': NO_LEMMA}, holds=None) if _vals(m, nrm, 'radial') is not None else None
+    num = {'min median measured/exact': min(q), 'max median measured/exact': max(q)}
     if lo is not None and hi is not None and t is not None:
         num.update({'min p05 measured/exact': min(lo), 'max p95 measured/exact': max(hi), 'max median |cot|': max(t)})
-    return dict(numbers=num, holds=blind and MARGINS['lemma_low'] <= min(q) and max(q) <= MARGINS['lemma_high'])
+    return dict(numbers=num, holds=MARGINS['lemma_low'] <= min(q) and max(q) <= MARGINS['lemma_high'])
 
 
 def _c3(m, names):
@@ -244,14 +252,12 @@ CLAIMS = {
         ('mean', 'growth none'),
     ),
     'C2': Claim(
-        'blind spot, lemma',
-        "every normalized final readout passes a radial fraction <= "
-        f"{_m('blind_normalized', 'e')}, its median per-token measured/exact (the visibility lemma's) in "
-        f"[{_m('lemma_low')}, {_m('lemma_high')}]; every raw one >= "
-        f"{_m('blind_raw', 'e')} (beside √(2/(πd)))",
+        'blind spot',
+        f"every normalized final readout passes a radial fraction <= {_m('blind_normalized', 'e')}; every raw one >= "
+        f"{_m('blind_raw')}x a random direction's at its width, √(2/(πd))",
         _c2,
         False,
-        ('radial', 'radial exact', 'lemma ratio', 'lemma ratio p05', 'lemma ratio p95', '|cot| median', 'radial scale'),
+        ('radial', 'radial scale', 'width'),
     ),
     'C3': Claim(
         'K-invariance',
@@ -306,6 +312,16 @@ CLAIMS = {
         ('halt loops', 'halt PPL ratio'),
     ),
 }
+CHECKS = {  # numerical checks beside the claims: identities that test our measurement, not a training outcome
+    'L1': Claim(
+        'lemma identity',
+        "every normalized final readout's median per-token measured/exact radial fraction (the visibility lemma's, "
+        f"float64) lies in [{_m('lemma_low')}, {_m('lemma_high')}]",
+        _l1,
+        False,
+        ('radial exact', 'lemma ratio', 'lemma ratio p05', 'lemma ratio p95', '|cot| median'),
+    ),
+}
 
 # %% ../../nbs/04c_claims.ipynb #91576cf8
 def _views(records) -> dict:
@@ -350,16 +366,14 @@ def evidence_tags(views: dict, names: list) -> dict:
     "{claim: the kind of evidence its verdict is}, from the seed-averaged measures of `names`, where one applies."
     mean, tags = views['mean'], {}
     nrm = [n for n in names if VARIANTS[n].final_readout_normalized]
-    width, scale = _vals(mean, names, 'width'), _vals(mean, nrm, 'radial scale')
-    why = []
+    scale = _vals(mean, nrm, 'radial scale')
     if scale is not None and max(scale) * 100 <= MARGINS['blind_normalized']:
-        why.append(f"the normalized side follows from the lemma (eps/mean(H²) ≤ {max(scale):.1e})")
-    if width is not None and MARGINS['blind_raw'] < unaligned_cos(max(width)):
-        why.append(
-            f"the raw side's {MARGINS['blind_raw']:g} is below a random direction's {unaligned_cos(max(width)):.2f}"
+        tags['C2'] = (
+            f"normalized side entailed by the lemma: eps/mean(H²) ≤ {max(scale):.1e}, a hundredth of its margin or "
+            'less; the raw side is the test'
         )
-    if why:
-        tags['C2'] = f"cannot fail here: {'; '.join(why)}; measured/exact is a numerical identity"
+    if _vals(mean, nrm, 'lemma ratio') is not None:
+        tags['L1'] = "identity: our float64 measurement against the lemma's closed form, not a training outcome"
     gains = _vals(mean, _roles(names, per_loop_only=True)[1], 'gain best')
     if gains is not None and max(gains) < DEPTH_USE:
         tags['C3'] = f"not testable: no per-loop control gains ≥ {DEPTH_USE:g} nats to its best exit ({max(gains):.3f})"
@@ -368,9 +382,9 @@ def evidence_tags(views: dict, names: list) -> dict:
 
 # %% ../../nbs/04c_claims.ipynb #e7486f2c
 def claim_set(records, names: list) -> dict:
-    "Every claim over the variants `names` of `records`: numbers and verdict on seed-averaged measures, per-seed ones."
+    "Every claim and check over the variants `names` of `records`: numbers and verdict, seed-averaged and per seed."
     views, out = _views([r for r in records if r['variant'] in names]), {}
-    for cid, claim in CLAIMS.items():
+    for cid, claim in {**CLAIMS, **CHECKS}.items():
         title, statement, test, per_loop, keys = (
             claim.title,
             claim.statement,
@@ -397,11 +411,77 @@ def claim_set(records, names: list) -> dict:
             per_seed={str(s): (r['holds'] if r else None) for s, r in seeds.items()},
             seeds_held=f"{held}/{len(seeds)}",
             verdict=_verdict(mean['holds'] if mean else None, held, len(seeds)),
-            by_variant=_by_variant(views, names if cid == 'C2' else at + ctl, keys),
+            by_variant=_by_variant(views, names if cid in ('C2', 'L1') else at + ctl, keys),
         )
     for cid, tag in evidence_tags(views, names).items():
         out[cid]['evidence'] = tag
     return out
+
+# %% ../../nbs/04c_claims.ipynb #cb30ac4b
+CHOICE_RECORD = Path('figures/preset-choice/choice.json')  # per preset: what it was chosen on, its longer runs
+CLAIM_MARGINS = dict(  # the margins of `MARGINS` each claim reads: a preset chosen on one selects the claim
+    C1=('drift',),
+    C2=('blind_normalized', 'blind_raw'),
+    C3=('depth', 'depth_min'),
+    C4a=('clamp',),
+    C4b=('clamp',),
+    C5a=('drift',),
+    C5b=(),
+    C6=('frontier',),
+    C7=('halting',),
+    L1=('lemma_low', 'lemma_high'),
+)
+
+
+def preset_choice(preset: str, root=None) -> dict | None:
+    "How `preset` was chosen (`CHOICE_RECORD` of the repository), or None: no preset, no record, not in it."
+    path = Path(root if root is not None else repo_root()) / CHOICE_RECORD
+    if preset is None or not path.is_file():
+        return None
+    try:
+        choice = json.loads(path.read_text()).get(preset)
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"{path} is not a JSON object of presets ({e}) → fix or remove it.") from None
+    if choice is None:
+        return None
+    bad = set(choice.get('chosen_on', ())) - set(MARGINS)
+    runs = choice.get('longer_runs') or {}
+    if bad or not isinstance(choice.get('criterion'), str) or (runs and not {'records', 'lr'} <= set(runs)):
+        raise ValueError(
+            f"{path}: the entry of {preset!r} needs 'chosen_on' (keys of MARGINS; unknown: {sorted(bad)}), "
+            "'criterion' (words) and, if any, 'longer_runs' with 'records' (a folder) and 'lr' → fix that entry."
+        )
+    return dict(choice, root=str(path.parents[2]))
+
+# %% ../../nbs/04c_claims.ipynb #5aa2e4d4
+def longer_records(choice: dict) -> list:
+    "The last checkpoint of each longer run of the chosen setting, as run records (variant, seed, status, diag, step)."
+    last = {}
+    for f in sorted((Path(choice['root']) / choice['longer_runs']['records']).glob('*.jsonl')):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            key = (r['variant'], r['seed'])
+            if math.isclose(r['lr'], choice['longer_runs']['lr']) and r['step'] >= last.get(key, {}).get('step', -1):
+                last[key] = dict(variant=r['variant'], seed=r['seed'], status='done', diag=r['diag'], step=r['step'])
+    return list(last.values())
+
+
+def context_tags(claims: dict, names: list, choice: dict) -> dict:
+    "{claim: tag}: *selected for* (its margins include what the preset was chosen on), *transient* (see above)."
+    tags = {
+        c: f"selected for: the preset was chosen on {choice['criterion']}"
+        for c in claims
+        if set(CLAIM_MARGINS[c]) & set(choice.get('chosen_on', ()))
+    }
+    later = longer_records(choice) if choice.get('longer_runs') else []
+    if not later:
+        return tags
+    steps, seeds = sorted({r['step'] for r in later}), sorted({r['seed'] for r in later})
+    for c, v in claim_set(later, names).items():
+        if claims[c]['verdict'] in ('reproduced', 'partly') and v['verdict'] == 'not reproduced at this scale':
+            where = f"{choice['longer_runs']['records']}, step {steps[-1]:,}, seeds {', '.join(map(str, seeds))}"
+            tags[c] = f"transient: the same setting trained longer ({where}) does not reproduce it ({v['seeds_held']})"
+    return tags
 
 # %% ../../nbs/04c_claims.ipynb #2d361560
 STRENGTHS = (0.5, 1.0, 2.0)  # half of every claimed effect (looser), the margin itself, double it (stricter)
@@ -456,16 +536,21 @@ SECTIONS = dict(
 )
 
 # %% ../../nbs/04c_claims.ipynb #56091827
-def evaluate_claims(records) -> dict:
-    "The pre-registered claims: `primary` over the study's official conditions, `extension` over all its variants."
+def evaluate_claims(records, preset: str = None, root=None) -> dict:
+    """The pre-registered claims: `primary` over the study's official conditions, `extension` over all its variants,
+    each with its numerical checks; `preset`: the study's, whose choice record (`preset_choice`) adds its tags."""
     names = sorted({r['variant'] for r in records}, key=list(VARIANTS).index)
     official = [n for n in names if VARIANTS[n].group == 'official']
     ext = names if any(VARIANTS[n].group != 'official' for n in names) else []
+    choice = preset_choice(preset, root)
 
     def section(label, names, judged):  # `judged`: the claims are evaluated (not measured, if no variant)
-        claims = claim_set(records, names) if judged else {}
-        ms = margin_sensitivity(records, names, claims) if judged else {}
-        return dict(label=SECTIONS[label], variants=names, claims=claims, margin_sensitivity=ms)
+        both = claim_set(records, names) if judged else {}
+        ms = margin_sensitivity(records, names, both) if judged else {}
+        for c, tag in (context_tags(both, names, choice) if judged and choice else {}).items():
+            both[c]['evidence'] = '; '.join(t for t in (both[c].get('evidence'), tag) if t)
+        claims, checks = ({c: v for c, v in both.items() if c in group} for group in (CLAIMS, CHECKS))
+        return dict(label=SECTIONS[label], variants=names, claims=claims, checks=checks, margin_sensitivity=ms)
 
     return dict(
         primary=section('primary', official, True),
@@ -478,6 +563,8 @@ def evaluate_claims(records) -> dict:
             verdicts='reproduced: on the mean and every seed; partly: on the mean or some seeds; not reproduced at '
             'this scale: nowhere; not measured: variants or diagnostics absent',
             margins_at={f'{f:g}': margins_at(f) for f in STRENGTHS if f != 1},
+            preset=preset,
+            choice={k: v for k, v in choice.items() if k != 'root'} if choice else None,
         ),
     )
 
@@ -491,22 +578,31 @@ def claims_markdown(cl: dict) -> str:
         out += [f"## {s['label']}", '', f"Variants: {', '.join(s['variants']) or 'none in this study'}.", '']
         if not s['claims']:
             continue
-        head = '| claim | holds when | measured (seed-averaged measures [per-seed range]) | seeds | verdict |'
-        out += [head, '|---|---|---|---|---|']
-        for c, v in s['claims'].items():
-            nums = ', '.join(
-                f"{_md(k)} {format_number(x, 'table')}"
-                + (
-                    f" [{', '.join(format_number(y, 'table') for y in v['seed_range'][k])}]"
-                    if k in v['seed_range'] and len(v['per_seed']) > 1
-                    else ''
-                )
-                for k, x in v['numbers'].items()
-            )
-            verdict = v['verdict'] + (f" — *{_md(v['evidence'])}*" if 'evidence' in v else '')
-            out.append(f"| {c} {v['title']} | {_md(v['statement'])} | {nums} | {v['seeds_held']} | {verdict} |")
-        out += ['', *_sensitivity_markdown(s.get('margin_sensitivity') or {})]
+        out += _claim_rows('claim', s['claims'])
+        if s.get('checks'):
+            out += ['Numerical checks (identities: they test our measurement, not the paper):', '']
+            out += _claim_rows('check', s['checks'])
+        out += _sensitivity_markdown(s.get('margin_sensitivity') or {})
     return '\n'.join(out)
+
+
+def _claim_rows(what: str, claims: dict) -> list:
+    "A table of claims (or checks): statement, numbers on seed-averaged measures [per-seed range], seeds, verdict."
+    out = [f'| {what} | holds when | measured (seed-averaged measures [per-seed range]) | seeds | verdict |']
+    out.append('|---|---|---|---|---|')
+    for c, v in claims.items():
+        nums = ', '.join(
+            f"{_md(k)} {format_number(x, 'table')}"
+            + (
+                f" [{', '.join(format_number(y, 'table') for y in v['seed_range'][k])}]"
+                if k in v['seed_range'] and len(v['per_seed']) > 1
+                else ''
+            )
+            for k, x in v['numbers'].items()
+        )
+        verdict = v['verdict'] + (f" — *{_md(v['evidence'])}*" if 'evidence' in v else '')
+        out.append(f"| {c} {v['title']} | {_md(v['statement'])} | {nums} | {v['seeds_held']} | {verdict} |")
+    return out + ['']
 
 
 def _sensitivity_markdown(ms: dict) -> list:
@@ -529,9 +625,12 @@ def _sensitivity_markdown(ms: dict) -> list:
     ]
 
 # %% ../../nbs/04c_claims.ipynb #80e7a75f
-def write_claims(records, study_dir) -> dict:
-    "`claims.json` and `claims.md` of `records` into `study_dir`, each written atomically."
-    cl = evaluate_claims(records)
+def write_claims(records, study_dir, preset: str = None) -> dict:
+    """`claims.json` and `claims.md` of `records` into `study_dir`, each written atomically; `preset`: the study's
+    (default: the one its `study.json` names, if any), for the tags of its choice record."""
+    meta = Path(study_dir) / 'study.json'
+    preset = preset or (json.loads(meta.read_text()).get('preset') if meta.is_file() else None)
+    cl = evaluate_claims(records, preset)
     write_atomic(Path(study_dir) / 'claims.json', json.dumps(cl, indent=1))
     write_atomic(Path(study_dir) / 'claims.md', claims_markdown(cl))
     return cl
