@@ -152,3 +152,39 @@ def test_horizon_pages_rebuild_from_the_committed_records(tmp_path):
     for name in ('collapse.md', 'dose.md', 'drift.md'):
         assert (plan.out_dir / name).read_text() == (src / name).read_text(), f"horizon-cpu/{name} differs"
     assert "not carried to the paper's clocks" in (src / 'drift.md').read_text()
+
+
+@pytest.mark.parametrize('study', WITH_RECORDS)
+def test_clamp_verdicts_at_half_and_double_margin_follow_the_records(study):
+    """Issue 32: C4a/C4b's margin sensitivity recomputed from `runs.jsonl` without the claims code: per seed, the
+    largest |PPL@K ratio - 1| over the at-risk per-loop official variants against 2%, 1% and 0.5%; the seed mean on
+    the seed-averaged ratios; reproduced = mean and every seed, partly = some, else not reproduced."""
+    import json
+    from looped_lm.studies.variants import VARIANTS
+
+    runs = [json.loads(x) for x in (FIGURES / study / 'runs.jsonl').read_text().splitlines() if x.strip()]
+    ms = json.loads((FIGURES / study / 'claims.json').read_text())['primary']['margin_sensitivity']
+    at = [
+        v
+        for v in {r['variant'] for r in runs}
+        if VARIANTS[v].group == 'official' and VARIANTS[v].per_loop and not VARIANTS[v].scale_controlled
+    ]
+    for claim, mode in (('C4a', 'freeze_loop1'), ('C4b', 'remove_radial')):
+        ratio = {
+            (r['variant'], r['seed']): r['diag']['clamp'][mode][-1]['ppl'] / r['diag']['clamp']['none'][-1]['ppl']
+            for r in runs
+            if r['variant'] in at and r['status'] == 'done'
+        }
+        seeds = sorted({s for _, s in ratio})
+        for strength, margin in (('0.5', 0.02), ('1', 0.01), ('2', 0.005)):
+            held = sum(max(abs(ratio[v, s] - 1) for v in at) <= margin for s in seeds)
+            mean = max(abs(sum(ratio[v, s] for s in seeds) / len(seeds) - 1) for v in at) <= margin
+            want = (
+                'reproduced'
+                if mean and held == len(seeds)
+                else 'partly'
+                if mean or held
+                else 'not reproduced at this scale'
+            )
+            got = ms[claim][strength]
+            assert (got['verdict'], got['seeds_held']) == (want, f'{held}/{len(seeds)}'), (study, claim, strength)
