@@ -30,5 +30,13 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || ! python -c "$needed"
   python -m pip install -q -e ".[dev,eval]" -c <(python -c 'import torch; print("torch==" + torch.__version__)')
   touch "$stamp"
 fi
+# Test-only: looped models published by others (tests/test_outside_models.py, nbs/03d_outside.ipynb), pinned, with
+# --no-deps so that no requirement of theirs (open-mythos pins torch==2.11.0) can replace the torch above.
+outside=.venv/.looped-lm-outside-installed
+outside_needed='import open_mythos, tiny_recursive_model, block_recurrent_transformer_pytorch, x_transformers'
+if [ ! -f "$outside" ] || [ tests/outside-models.txt -nt "$outside" ] || ! python -c "$outside_needed" 2>/dev/null; then
+  python -m pip install -q --no-deps -r tests/outside-models.txt
+  touch "$outside"
+fi
 mkdir -p results
 echo "looped-lm: environment ready in .venv ($(python -c 'import torch; print("torch", torch.__version__)'))"

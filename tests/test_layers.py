@@ -38,6 +38,7 @@ CHAPTERS = [
     ('03a_halting', 'measure.halting'),
     ('03b_radial', 'measure.radial'),
     ('03c_diagnostics', 'measure.diagnostics'),
+    ('03d_outside', 'measure.outside'),
     ('04_variants', 'studies.variants'),
     ('04a_runner', 'studies.runner'),
     ('04b_tables', 'studies.tables'),

@@ -51,6 +51,7 @@ MEASURING_CODE = tuple(
     for m in ('model.lemmas', 'model.looped', 'measure.protocol', 'measure.halting', 'measure.radial')
     + ('measure.diagnostics',)
 )
+source_hash(MEASURING_CODE)  # read as imported: an edit while this process measures does not relabel its reports
 
 
 def radial_scale_of(row: dict):
@@ -366,25 +367,31 @@ def norm_distribution(norms: np.ndarray, bins: int = 40) -> list:
     return res
 
 # %% ../../nbs/03c_diagnostics.ipynb #c101172a
-def _clamp_sums(spec, x, y, run, acc: dict, ce_chunk: int):
-    "Add one window's per-loop sums (CE, L2 norm, RMS of H_k) under each clamp mode of `run` to `acc[mode]`."
+def _clamp_sums(spec, x, y, run, acc: dict, ce_chunk: int) -> int:
+    """Add one window's per-loop sums (CE, L2 norm, RMS of H_k) under each clamp mode of `run` to `acc[mode]`; return
+    the number of state positions summed (more than the targets where the state holds register tokens)."""
+    n_pos = x.numel()
     for m in run:
         hidden, ctx = run_loops(spec, x, spec.K, clamp=m)
         for k, h in enumerate(hidden, 1):
             l2 = torch.linalg.vector_norm(h.double(), dim=-1)
+            n_pos = l2.numel()
             acc[m][k - 1] += [
                 token_ce(spec, h, ctx, k, y, ce_chunk).double().sum().item(),
                 l2.sum().item(),
                 (l2 / math.sqrt(h.shape[-1])).sum().item(),
             ]
+    return n_pos
 
 
-def _clamp_rows(acc: dict, n) -> dict:
-    "Per clamp mode, the rows of `clamp_modes` from the sums `acc` over `n` tokens, against `none` and loop 1."
+def _clamp_rows(acc: dict, n, n_pos=None) -> dict:
+    """Per clamp mode, the rows of `clamp_modes` from the sums `acc` over `n` targets (CE) and `n_pos` state positions
+    (norms; default `n`), against `none` and loop 1."""
+    per = np.array([n, n_pos or n, n_pos or n], dtype=np.float64)
     res = {
         m: [
             dict(k=k, ce=ce, ppl=math.exp(ce), norm_l2=l2, norm_rms=rms)
-            for k, (ce, l2, rms) in enumerate((a / n).tolist(), 1)
+            for k, (ce, l2, rms) in enumerate((a / per).tolist(), 1)
         ]
         for m, a in acc.items()
     }
@@ -410,16 +417,16 @@ def clamp_modes(
         raise LoopSpecError(f"{spec.name} cannot be clamped: {why}")
     run = [m for m in modes if not (m == 'none' and plain is not None)]
     acc = {m: np.zeros((spec.K, 3)) for m in run}
-    n = 0
+    n = n_pos = 0
     if plain is not None and 'none' in modes:
         ce, _, l2, d = plain
         acc = {'none': np.stack([ce.sum((1, 2)), l2.sum((1, 2)), l2.sum((1, 2)) / math.sqrt(d)], 1), **acc}
     for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
-        _clamp_sums(spec, x, y, run, acc, ce_chunk)
+        n_pos += _clamp_sums(spec, x, y, run, acc, ce_chunk)
         n += y.numel()
     if plain is not None:
-        n = plain[0][0].size  # the same windows (tokens per loop)
-    return _clamp_rows(acc, n)
+        n, n_pos = plain[0][0].size, plain[2][0].size  # the same windows (targets, state positions per loop)
+    return _clamp_rows(acc, n, n_pos)
 
 # %% ../../nbs/03c_diagnostics.ipynb #99e8a54e
 SCALE_ALPHAS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)

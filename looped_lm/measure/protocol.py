@@ -158,6 +158,35 @@ def clamp_refusal(spec) -> str:
     spec = as_spec(spec)
     return spec.no_clamp or _memo(spec).get('verdict', {}).get('no_clamp', '')
 
+# %% ../../nbs/03_protocol.ipynb #f4588604
+def call_user(spec, fn: str, k: int, *args):
+    """`spec.<fn>(*args)` (init, step, readout or exits) at loop `k`: an exception inside the user's function becomes
+    a `LoopSpecError` naming the function, the loop and the fix (running out of memory stays what it is)."""
+    try:
+        return getattr(spec, fn)(*args)
+    except (LoopSpecError, MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as e:
+        shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+        raise LoopSpecError(
+            f"{spec.name}: LoopSpec.{fn} raised {type(e).__name__} at k={k} (tensor arguments of shapes {shapes}): "
+            f"{e} — make {fn} accept what the protocol gives it: the tokens (B, T) for init, the state it returned "
+            "and the context init built for the same tokens for step and readout; if it needs some sequences' "
+            "context, pass LoopSpec(slice_ctx=(ctx, rows) -> ctx)."
+        ) from e
+
+
+def _refuse_sequence_blocks(spec, h1, tokens):
+    "Refuse a loop whose state holds fewer positions than the tokens: it runs over blocks of the sequence, not depth."
+    if h1.dim() >= 3 and h1.shape[1] < tokens.shape[1]:
+        raise LoopSpecError(
+            f"{spec.name}: loop 1's state holds {h1.shape[1]} positions for {tokens.shape[1]} tokens: the loop runs "
+            "over blocks of the SEQUENCE (a block-recurrent or recurrent-memory transformer), not over depth, so "
+            "there is no state re-read at every loop and no exit per loop to diagnose. Measure such a model as a "
+            "deep (non-looped) stack: the CE per block of the sequence, and the norms of the memory it carries from "
+            "block to block; or describe a loop that applies shared weights to every token's state again."
+        )
+
 # %% ../../nbs/03_protocol.ipynb #d96efce9
 def run_loops(spec, tokens, k: int, clamp: str = 'none', grad: bool = False) -> tuple:
     "([H_1, ..., H_k], context): `k` loops of `spec` (any k >= 1, also beyond K), `clamp` applied to each H_k."
@@ -169,16 +198,19 @@ def run_loops(spec, tokens, k: int, clamp: str = 'none', grad: bool = False) -> 
     if clamp != 'none' and (why := clamp_refusal(spec)):
         raise LoopSpecError(f"{spec.name} cannot be clamped: {why}")
     tokens = _as_tokens(tokens)
+    _memo(spec)['tokens_len'] = tokens.shape[1]  # the context probe builds contexts of this length
     with torch.set_grad_enabled(grad):
-        h, ctx = spec.init(tokens)
+        h, ctx = call_user(spec, 'init', 0, tokens)
         hidden, rms1 = [], None
         for j in range(1, int(k) + 1):
-            h = spec.step(h, ctx, j)
+            h = call_user(spec, 'step', j, h, ctx, j)
             if not isinstance(h, torch.Tensor):
                 raise LoopSpecError(
-                    f"{spec.name}: step {j} returned a {type(h).__name__}, not the state tensor; "
-                    "select the state (e.g. out[0]) inside step."
+                    f"{spec.name}: step {j} returned a {type(h).__name__}, not the state tensor; keep the other "
+                    "tensors of the state in the context (one entry per loop) and return the one to measure."
                 )
+            if j == 1:
+                _refuse_sequence_blocks(spec, h, tokens)
             if clamp != 'none' and j > 1:
                 h = clamp_state(h, clamp, hidden[-1], rms1)
             if j == 1:
@@ -198,18 +230,35 @@ def _leaves(ctx) -> list:
     return []
 
 
-def context_layout(spec, seq_len: int, device='cpu') -> list:
-    "Per context tensor (in `_leaves` order): True if it has one row per sequence (probed once per spec), else shared."
+def _probe_contexts(spec, seq_len: int, device, n_leaves: int = None) -> tuple:
+    """The context tensors of 2 and of 1 sequences of `seq_len` tokens: after init, or — for a context the loop
+    updates (halting sums, a second tensor of the state, one entry per loop) — after the steps that give `n_leaves`."""
+    runs = []
+    with torch.no_grad():
+        for b in (2, 1):
+            h, ctx = call_user(spec, 'init', 0, torch.zeros(b, seq_len, dtype=torch.long, device=device))
+            for k in range(1, 4 * spec.K + 1):
+                if n_leaves is None or len(_leaves(ctx)) >= n_leaves:
+                    break
+                h = call_user(spec, 'step', k, h, ctx, k)
+            runs.append(_leaves(ctx))
+    return tuple(runs)
+
+
+def context_layout(spec, seq_len: int, device='cpu', n_leaves: int = None) -> list:
+    """Per context tensor (in `_leaves` order): True if it has one row per sequence, else shared; probed once per spec
+    (and per number of tensors, for a context the loop grows) on contexts of `seq_len` tokens."""
     spec, memo = as_spec(spec), _memo(as_spec(spec))
-    if 'layout' not in memo:
-        with torch.no_grad():
-            two, one = (_leaves(spec.init(torch.zeros(b, seq_len, dtype=torch.long, device=device))[1]) for b in (2, 1))
-        if len(two) != len(one):
+    layouts = memo.setdefault('layouts', {})
+    if n_leaves not in layouts:
+        two, one = _probe_contexts(spec, seq_len, device, n_leaves)
+        if len(two) != len(one) or (n_leaves is not None and len(two) != n_leaves):
             raise LoopSpecError(
-                f"{spec.name}: the context holds {len(two)} tensors for 2 sequences and {len(one)} "
-                "for 1; pass LoopSpec(slice_ctx=...) to say how to take some sequences' context."
+                f"{spec.name}: the context holds {len(two)} tensors for 2 sequences and {len(one)} for 1 "
+                f"(the context to slice holds {n_leaves}); pass LoopSpec(slice_ctx=...) to say how to take some "
+                "sequences' context."
             )
-        memo['layout'] = []
+        layout = []
         for i, (a, b) in enumerate(zip(two, one)):
             rows = a.dim() > 0 and (a.shape[0], b.shape[0]) == (2, 1) and a.shape[1:] == b.shape[1:]
             if a.shape != b.shape and not rows:
@@ -218,8 +267,9 @@ def context_layout(spec, seq_len: int, device='cpu') -> list:
                     f"{tuple(b.shape)} for 1 — it follows the batch, but not along its first dimension; pass "
                     "LoopSpec(slice_ctx=(ctx, rows) -> ctx) to say how to take some sequences' context."
                 )
-            memo['layout'].append(bool(rows))
-    return memo['layout']
+            layout.append(bool(rows))
+        layouts[n_leaves] = layout
+    return layouts[n_leaves]
 
 # %% ../../nbs/03_protocol.ipynb #b3f4c22c
 def slice_context(spec, ctx, rows, like: torch.Tensor):
@@ -227,12 +277,10 @@ def slice_context(spec, ctx, rows, like: torch.Tensor):
     spec = as_spec(spec)
     if spec.slice_ctx is not None:
         return spec.slice_ctx(ctx, rows)
-    layout = context_layout(spec, like.shape[1], like.device)
-    if len(_leaves(ctx)) != len(layout):
-        raise LoopSpecError(
-            f"{spec.name}: the context holds {len(_leaves(ctx))} tensors, not the {len(layout)} its probe found; "
-            "pass LoopSpec(slice_ctx=(ctx, rows) -> ctx)."
-        )
+    n = len(_leaves(ctx))  # contexts of the tokens' length (a state may hold more positions: register tokens)
+    layout = context_layout(spec, _memo(spec).get('tokens_len', like.shape[1]), like.device, None)
+    if n != len(layout):  # a context the loop grows: probed through the steps that give it n tensors
+        layout = context_layout(spec, _memo(spec).get('tokens_len', like.shape[1]), like.device, n)
     per_seq = iter(layout)
 
     def take(c):
@@ -251,7 +299,16 @@ def slice_context(spec, ctx, rows, like: torch.Tensor):
 def token_windows(ids, batch_size: int, seq_len: int, max_batches: int = None, device='cpu'):
     """(x, y) batches of every consecutive window of `seq_len` tokens of the 1-D ids `ids` (tensor, array or list;
     y = x shifted by one): `training.data.eval_batches`, same arguments, on any ids; the last batch may be smaller."""
-    ids = (ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)).reshape(-1)
+    ids = ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
+    if ids.ndim > 1 and int(np.prod(ids.shape[:-1])) > 1:  # flattened, its windows would cross from row to row
+        raise LoopSpecError(
+            f"the diagnostics read ONE token stream, got an array of shape {tuple(ids.shape)}: several sequences "
+            "(a padded batch) flattened into one would give windows that run from one sequence into the next and "
+            "read padding as text. Pass one 1-D stream of real tokens (e.g. torch.cat([row[m] for row, m in "
+            "zip(tokens, mask)]), a separator token between documents), or check one batch with check_spec(spec, "
+            "tokens, targets) with targets -100 where the mask is off."
+        )
+    ids = ids.reshape(-1)
     if seq_len < 1 or batch_size < 1:
         raise LoopSpecError(f"seq_len and batch_size must be >= 1, got {seq_len} and {batch_size}.")
     if len(ids) < seq_len + 1:
@@ -291,9 +348,11 @@ def readout_pieces(spec, h, ctx, k, chunk: int):
 def token_ce(spec, h, ctx, k, y, chunk: int = 0, scores=None):
     """Per-token CE (B, T) of the loop-`k` readout of `h` against `y`; with `scores` (logits -> {name: per-token
     score}, e.g. `halting.halting_scores`), also each token's scores: (ce, {name: (B, T)})."""
-    ce, sc = torch.empty(y.shape, dtype=torch.float32, device=y.device), {}
+    ce, sc = None, {}
     for rows, logits in readout_pieces(spec, h, ctx, k, chunk):
-        lg = logits.float()
+        lg = logits if logits.dtype == torch.float64 else logits.float()  # float64 stays: radial fractions need it
+        if ce is None:
+            ce = torch.empty(y.shape, dtype=lg.dtype, device=y.device)
         ce[rows] = F.cross_entropy(lg.flatten(0, -2), y[rows].flatten(), reduction='none').view(y[rows].shape)
         if scores is not None:
             for p, s in scores(lg).items():
@@ -425,9 +484,10 @@ def _check_rows(spec, hs, ctx, res):
     K, rows = spec.K, slice(0, 1)
     part = slice_context(spec, ctx, rows, hs[-1])
     with torch.no_grad():
-        d = _rel_diff(spec.readout(hs[-1][rows], part, K), spec.readout(hs[-1], ctx, K)[rows])
+        one = call_user(spec, 'readout', K, hs[-1][rows], part, K)  # one sequence, with its part of the context
+        d = _rel_diff(one, call_user(spec, 'readout', K, hs[-1], ctx, K)[rows])
         if res['steps_carry_state'] and K > 1:
-            d = max(d, _rel_diff(spec.step(hs[-2][rows], part, K), hs[-1][rows]))
+            d = max(d, _rel_diff(call_user(spec, 'step', K, hs[-2][rows], part, K), hs[-1][rows]))
     res['slice_rel_diff'] = d
     if d > 1e-4:
         raise LoopSpecError(
@@ -441,8 +501,10 @@ def _check_readout(spec, hs, ctx, y, res):
     "The readout: its dependence on k, its gradient in the state, and the float64 CE of H_K scaled."
     K = spec.K
     with torch.no_grad():
-        ref = spec.readout(hs[-1], ctx, K)
-        res['readout_uses_k'] = any(not torch.equal(spec.readout(hs[-1], ctx, k), ref) for k in range(1, K))
+        ref = call_user(spec, 'readout', K, hs[-1], ctx, K)
+        res['readout_uses_k'] = any(
+            not torch.equal(call_user(spec, 'readout', k, hs[-1], ctx, k), ref) for k in range(1, K)
+        )
     if res['readout_uses_k'] and not spec.readout_uses_k:
         raise LoopSpecError(
             f"{spec.name}: the readout of the same state changes with k, but the spec says it does not; set "
@@ -469,7 +531,9 @@ def _check_exits(spec, x, hs, ctx, res):
     if spec.exits is None:
         return
     with torch.no_grad():
-        own = [spec.exits(x, k) for k in range(1, len(hs) + 1)]  # None: the model has no exit k (a spec run deeper)
+        own = [
+            call_user(spec, 'exits', k, x, k) for k in range(1, len(hs) + 1)
+        ]  # None: the model has no exit k (a spec run deeper)
         diffs = [
             _rel_diff(spec.readout(h, ctx, k), o) if o is not None else 0.0 for k, (h, o) in enumerate(zip(hs, own), 1)
         ]
