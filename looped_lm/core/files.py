@@ -279,14 +279,21 @@ def file_content_sha(p: Path, memo: Path = None) -> str:
     return known[key]
 
 # %% ../../nbs/00a_files.ipynb #fil00002
+_READ_SOURCES = {}  # module -> its source as this process first read it (its importer reads it at import)
+
+
 def source_hash(modules) -> str:
-    "A short SHA-256 of the source files of the named modules (e.g. `'looped_lm.model.looped'`), in their order."
+    """A short SHA-256 of the source files of the named modules (e.g. `'looped_lm.model.looped'`), in their order, as
+    this process first read them: a file edited while a study runs does not relabel what the running code computes
+    (the next process reads the edit)."""
     h = hashlib.sha256()
     for name in modules:
-        spec = importlib.util.find_spec(name)
-        if spec is None or not spec.origin or not Path(spec.origin).is_file():
-            raise ImportError(f"{name} has no source file to hash: is it a module of an installed package?")
-        h.update(name.encode() + b'\0' + Path(spec.origin).read_bytes())
+        if name not in _READ_SOURCES:
+            spec = importlib.util.find_spec(name)
+            if spec is None or not spec.origin or not Path(spec.origin).is_file():
+                raise ImportError(f"{name} has no source file to hash: is it a module of an installed package?")
+            _READ_SOURCES[name] = Path(spec.origin).read_bytes()
+        h.update(name.encode() + b'\0' + _READ_SOURCES[name])
     return h.hexdigest()[:16]
 
 

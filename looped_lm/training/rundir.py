@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_model, load_model
-from ..core.files import file_sha256, LOCK_NAME, code_record, dir_lock, fsync
+from ..core.files import file_sha256, LOCK_NAME, code_record, dir_lock, fsync, source_hash
 from .data import TokenData
 from contextlib import contextmanager, suppress
 from ..core.config import ConfigError
@@ -136,6 +136,7 @@ TRAINING_CODE = tuple(
     for m in ('core.config', 'core.files', 'model.looped')
     + ('training.text', 'training.data', 'training.rundir', 'training.train')
 )
+source_hash(TRAINING_CODE)  # read as imported: an edit while this process trains does not relabel its checkpoints
 
 
 def _read_state(ckpt_dir: Path) -> dict:
