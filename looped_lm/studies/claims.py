@@ -480,7 +480,8 @@ def context_tags(claims: dict, names: list, choice: dict) -> dict:
     for c, v in claim_set(later, names).items():
         if claims[c]['verdict'] in ('reproduced', 'partly') and v['verdict'] == 'not reproduced at this scale':
             where = f"{choice['longer_runs']['records']}, step {steps[-1]:,}, seeds {', '.join(map(str, seeds))}"
-            tags[c] = f"transient: the same setting trained longer ({where}) does not reproduce it ({v['seeds_held']})"
+            now = f"transient: the same setting trained longer ({where}) does not reproduce it ({v['seeds_held']})"
+            tags[c] = '; '.join(t for t in (tags.get(c), now) if t)  # a claim can be selected for and transient
     return tags
 
 # %% ../../nbs/04c_claims.ipynb #2d361560
