@@ -17,7 +17,7 @@ from .model.looped import LoopedLM, LoopedLMConfig  # noqa: E402
 from .training.data import prepare_data  # noqa: E402
 from .training.train import train  # noqa: E402
 from .training.rundir import load_run  # noqa: E402
-from .measure.protocol import LoopSpec, LoopSpecError, from_hooks  # noqa: E402
+from .measure.protocol import LoopSpec, LoopSpecError, PaddedTokens, from_hooks  # noqa: E402
 from .measure.diagnostics import DiagnosticReport, diagnose, diagnose_run  # noqa: E402
 from .studies.ablation import run_ablation  # noqa: E402
 from .studies.claims import rebuild  # noqa: E402
@@ -57,6 +57,7 @@ __all__ = [
     'load_run',
     'LoopSpec',
     'LoopSpecError',
+    'PaddedTokens',
     'from_hooks',
     'DiagnosticReport',
     'diagnose',

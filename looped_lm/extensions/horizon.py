@@ -471,7 +471,7 @@ def measure_checkpoint(ckpt_dir, cfg: ExperimentConfig, data, tokens: int, radia
     model, ids = load_kept(ckpt_dir, cfg, device), _validation(data)[: tokens + 1]
     spec, kw = as_spec(model), dict(batch_size=cfg.batch_size, seq_len=cfg.seq_len, device=device)
     plain = loop_scores(spec, ids, ce_chunk=cfg.ce_chunk, **kw)
-    ce, scores, norms, d = plain
+    ce, scores, norms, d = plain.ce, plain.scores, plain.norms, plain.width  # a stream: every position measured
     clamp = clamp_modes(spec, ids, ce_chunk=cfg.ce_chunk, plain=plain, **kw)
     radial = radial_fractions(
         model,

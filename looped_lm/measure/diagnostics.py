@@ -34,6 +34,9 @@ from looped_lm.measure.protocol import (
     checked_spec,
     IGNORED_STATE,
     guarded_spec,
+    PaddedTokens,
+    n_scored,
+    measured_positions,
 )
 from .halting import loop_scores, adaptive_halting
 from .radial import radial_fractions, angular_updates
@@ -237,12 +240,12 @@ def eval_exits(
         hidden, ctx = run_loops(spec, x, spec.K)
         for k, h in enumerate(hidden, 1):
             tot[k - 1] += token_ce(spec, h, ctx, k, y, ce_chunk).double().sum().item()
-        n += y.numel()
+        n += n_scored(y)
         del hidden
     res = []
     for k in range(1, spec.K + 1):
         ce = float(tot[k - 1] / n)
-        split_ce = ce * len(tokens)  # the mean CE per token, over the split's bytes (words) per token
+        split_ce = ce * len(tokens)  # the mean CE per token, over the split's bytes (words) per (real) token
         res.append(
             dict(
                 k=k,
@@ -282,7 +285,8 @@ def _exit_seconds(spec, bs, repeats: int, warmup: int, device) -> dict:
 # %% ../../nbs/03c_diagnostics.ipynb #48d35003
 @torch.no_grad()
 def exit_throughput(model, tokens, batch_size=8, seq_len=64, repeats=5, max_batches=2, device='cpu', warmup=1) -> list:
-    "Per exit k: median tokens/s of k loops and one readout, exits interleaved and repeated; spread=(max-min)/median."
+    """Per exit k: median tokens/s of k loops and one readout, exits interleaved and repeated; spread=(max-min)/median
+    (padded rows: every position run counts, padding too)."""
     from looped_lm.core.config import ExperimentConfig
     from looped_lm.model.looped import LoopedLM, LoopedLMConfig, forward_flops_per_token
 
@@ -303,7 +307,7 @@ def exit_throughput(model, tokens, batch_size=8, seq_len=64, repeats=5, max_batc
                 k=k,
                 tokens_per_s=med,
                 spread=(max(tps) - min(tps)) / med,
-                flops_per_token=None if cfg is None else forward_flops_per_token(cfg, seq_len, k),
+                flops_per_token=None if cfg is None else forward_flops_per_token(cfg, bs[0][0].shape[1], k),
             )
         )
     return res
@@ -323,9 +327,10 @@ def hill_estimator(x, top_frac: float = 0.01) -> float:
 
 
 def token_norms(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu') -> np.ndarray:
-    "Per-token L2 norms ||H_k|| (float64), as an array (K, n_tokens): those of the unclamped pass `loop_scores` makes."
-    norms = loop_scores(spec, tokens, batch_size, seq_len, max_batches, device)[2]
-    return norms.reshape(len(norms), -1)
+    """Per-token L2 norms ||H_k|| (float64), as an array (K, n_tokens): those of the unclamped pass `loop_scores` makes,
+    at the positions it measures (all of a stream's; a padded batch's with a scored target)."""
+    plain = loop_scores(spec, tokens, batch_size, seq_len, max_batches, device)
+    return plain.norms[:, plain.measured]
 
 
 def norm_stats(n: np.ndarray) -> dict:
@@ -369,12 +374,14 @@ def norm_distribution(norms: np.ndarray, bins: int = 40) -> list:
 # %% ../../nbs/03c_diagnostics.ipynb #c101172a
 def _clamp_sums(spec, x, y, run, acc: dict, ce_chunk: int) -> int:
     """Add one window's per-loop sums (CE, L2 norm, RMS of H_k) under each clamp mode of `run` to `acc[mode]`; return
-    the number of state positions summed (more than the targets where the state holds register tokens)."""
-    n_pos = x.numel()
+    the number of state positions summed (`protocol.measured_positions`: more than the targets where the state holds
+    register tokens, fewer where a padded batch has padding)."""
+    n_pos = n_scored(y)
     for m in run:
         hidden, ctx = run_loops(spec, x, spec.K, clamp=m)
+        at = measured_positions(hidden[0], y)
         for k, h in enumerate(hidden, 1):
-            l2 = torch.linalg.vector_norm(h.double(), dim=-1)
+            l2 = torch.linalg.vector_norm(h.double(), dim=-1)[at]
             n_pos = l2.numel()
             acc[m][k - 1] += [
                 token_ce(spec, h, ctx, k, y, ce_chunk).double().sum().item(),
@@ -419,13 +426,13 @@ def clamp_modes(
     acc = {m: np.zeros((spec.K, 3)) for m in run}
     n = n_pos = 0
     if plain is not None and 'none' in modes:
-        ce, _, l2, d = plain
-        acc = {'none': np.stack([ce.sum((1, 2)), l2.sum((1, 2)), l2.sum((1, 2)) / math.sqrt(d)], 1), **acc}
+        l2 = plain.norms[:, plain.measured].sum(1)
+        acc = {'none': np.stack([plain.ce.sum((1, 2)), l2, l2 / math.sqrt(plain.width)], 1), **acc}
     for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
         n_pos += _clamp_sums(spec, x, y, run, acc, ce_chunk)
-        n += y.numel()
+        n += n_scored(y)
     if plain is not None:
-        n, n_pos = plain[0][0].size, plain[2][0].size  # the same windows (targets, state positions per loop)
+        n, n_pos = int(plain.scored.sum()), int(plain.measured.sum())  # the same windows: targets, state positions
     return _clamp_rows(acc, n, n_pos)
 
 # %% ../../nbs/03c_diagnostics.ipynb #99e8a54e
@@ -443,7 +450,7 @@ def scale_sensitivity(
         hidden, ctx = run_loops(spec, x, spec.K)
         for i, a in enumerate(alphas):
             tot[i] += token_ce(spec, a * hidden[-1], ctx, spec.K, y, ce_chunk).double().sum().item()
-        n += y.numel()
+        n += n_scored(y)
     return [dict(alpha=float(a), ce=t / n, ppl=math.exp(t / n)) for a, t in zip(alphas, tot.tolist())]
 
 
@@ -453,8 +460,10 @@ def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=
     mean ||du||*s_k (float64)."""
     spec = guarded_spec(spec, tokens, seq_len, device)
     acc, nb = np.zeros((loops - 1, 4)), 0
-    for x, _ in token_windows(tokens, batch_size, seq_len, max_batches, device):
-        hid = [h.double() for h in run_loops(spec, x, loops)[0]]
+    for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
+        hid = run_loops(spec, x, loops)[0]
+        at = measured_positions(hid[0], y)  # (n, d) per loop: the positions with a scored target (all of a stream's)
+        hid = [h.double()[at] for h in hid]
         rms = [h.pow(2).mean(-1, keepdim=True).sqrt() for h in hid]
         u = [h / r for h, r in zip(hid, rms)]
         for k in range(loops - 1):
@@ -483,6 +492,7 @@ def _splits(data) -> tuple:
 
 
 def _check_args(splits: dict, batch_size, seq_len, spec):
+    "Refuse arguments `diagnose` cannot measure with, before any work: bad sizes, no validation split, too few tokens."
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
     if not (isinstance(seq_len, int) and seq_len >= 1):
@@ -490,7 +500,10 @@ def _check_args(splits: dict, batch_size, seq_len, spec):
     if 'validation' not in splits:
         raise ValueError(f"diagnose needs a 'validation' split, got {', '.join(splits)}.")
     for s, t in splits.items():
-        if len(t) < 2 * seq_len + 1:
+        if isinstance(t, PaddedTokens):  # rows as given: halting calibrates on half of them, scores the other half
+            if len(t.ids) < 2:
+                raise ValueError(f"The {s} split has {len(t.ids)} padded row: pass at least 2 sequences.")
+        elif len(t) < 2 * seq_len + 1:
             raise ValueError(
                 f"The {s} split has {len(t)} tokens: too short for two windows of seq_len={seq_len}; "
                 "pass more tokens or a smaller seq_len."
@@ -550,26 +563,27 @@ def diagnose(
     halting_target: float = 1.01,
     subset_tokens: int = 40960,
 ) -> DiagnosticReport:
-    "Every diagnostic of a `LoopedLM` or `LoopSpec` on token ids; a part the spec cannot do is skipped with its reason."
+    """Every diagnostic of a `LoopedLM` or `LoopSpec` on token ids (a 1-D stream, cut into windows of `seq_len`, or
+    `PaddedTokens`, read row by row); a part the spec cannot do is skipped with its reason."""
     spec = as_spec(model) if K is None else dataclasses.replace(as_spec(model), K=K)
     splits, units = _splits(data)
     _check_args(splits, batch_size, seq_len, spec)
     kw = dict(batch_size=batch_size, seq_len=seq_len, device=device)
-    val, per = splits['validation'], batch_size * seq_len
+    val = splits['validation']
+    per = batch_size * (val.ids.shape[1] - 1 if isinstance(val, PaddedTokens) else seq_len)  # positions per batch
     sub = min(max_batches or math.inf, -(-subset_tokens // per))  # norms, clamp modes, halting: the first ~40k tokens
     few = min(max_batches or math.inf, -(-few_tokens // per))  # float64 gradients, angles, scale, Lemma 2: ~8k
     spec = guarded_spec(spec, val, seq_len, device)  # raises LoopSpecError on a broken spec
     check = {k: v for k, v in checked_spec(spec, None).items() if isinstance(v, (int, float, str, bool, type(None)))}
     plain = loop_scores(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw)  # halting, norms, clamp 'none'
-    ce, scores, norms, _ = plain
     rep, skipped = _spec_parts(spec, val, check, plain, (sub, few), ce_chunk, lemma_loops, kw)
     head = dict(version=DIAG_VERSION, name=spec.name, state=spec.state, K=spec.K, spec_check=check)
     return DiagnosticReport(
         **head,
         exits=_exits(spec, splits, units, max_batches, ce_chunk, kw),
-        norms=norm_distribution(norms.reshape(len(norms), -1)),
+        norms=norm_distribution(plain.norms[:, plain.measured]),
         **_geometry(spec, val, few, loss, norm_penalty, ce_chunk, kw),
-        halting=adaptive_halting(ce, scores, halting_target),
+        halting=adaptive_halting(plain.ce, plain.scores, halting_target, scored=plain.scored),
         skipped=skipped,
         **rep,
     )

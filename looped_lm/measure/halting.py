@@ -7,11 +7,13 @@ on half the windows and scored on the other half, and the measured speed-up of h
 from __future__ import annotations
 import math, statistics, time
 import numpy as np, torch, torch.nn.functional as F
+from typing import NamedTuple
 from .protocol import run_loops, slice_context, token_windows, readout_pieces, token_ce
+from .protocol import n_scored, measured_positions, IGNORE_INDEX
 from .protocol import guarded_spec
 
 # %% auto #0
-__all__ = ['POLICIES', 'GRANULARITIES', 'halting_policy', 'loop_scores', 'adaptive_halting', 'halting_speed']
+__all__ = ['POLICIES', 'GRANULARITIES', 'halting_policy', 'LoopScores', 'loop_scores', 'adaptive_halting', 'halting_speed']
 
 # %% ../../nbs/03a_halting.ipynb #404b2557
 POLICIES = ('max_prob', 'logit_margin', 'entropy')
@@ -49,13 +51,25 @@ def halting_policy(policy: str, threshold: float, K: int, granularity: str = 'to
     return rule
 
 # %% ../../nbs/03a_halting.ipynb #31957452
+class LoopScores(NamedTuple):
+    """One unclamped pass over N windows: per-token CE (K, N, T; 0 where not scored), halting scores
+    {policy: (K, N, T)}, norms ||H_k|| (K, N, P, float64) of the state's P positions, its width d, the scored targets
+    (N, T, bool) and the state positions the statistics read (N, P, bool: `protocol.measured_positions`)."""
+
+    ce: np.ndarray
+    scores: dict
+    norms: np.ndarray
+    width: int
+    scored: np.ndarray
+    measured: np.ndarray
+
+
 @torch.no_grad()
-def loop_scores(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0) -> tuple:
-    """One unclamped pass over the N windows of `tokens`: per-token CE (K, N, T), halting scores {policy: (K, N, T)},
-    per-token L2 norms ||H_k|| (K, N, T, float64) and the state's width d (halting, norms and the `none` clamp rows
-    all read it)."""
+def loop_scores(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0) -> LoopScores:
+    """One unclamped pass over the windows of `tokens` (a stream or `PaddedTokens`): halting, norms and the `none`
+    clamp rows read it."""
     spec = guarded_spec(spec, tokens, seq_len, device)
-    ces, scs, nrm, d = [], {p: [] for p in POLICIES}, [], None
+    ces, scs, nrm, d, scored, measured = [], {p: [] for p in POLICIES}, [], None, [], []
     for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
         hidden, ctx = run_loops(spec, x, spec.K)
         per = [token_ce(spec, h, ctx, k, y, ce_chunk, scores=halting_scores) for k, h in enumerate(hidden, 1)]
@@ -64,60 +78,73 @@ def loop_scores(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device
             scs[p].append(torch.stack([s[p] for _, s in per]).cpu())
         nrm.append(torch.stack([torch.linalg.vector_norm(h.double(), dim=-1) for h in hidden]).cpu())
         d = hidden[0].shape[-1]
-    return (
+        scored.append((y != IGNORE_INDEX).cpu())
+        measured.append(measured_positions(hidden[0], y).cpu())
+    return LoopScores(
         torch.cat(ces, 1).double().numpy(),
         {p: torch.cat(v, 1).double().numpy() for p, v in scs.items()},
         torch.cat(nrm, 1).numpy(),
         d,
+        torch.cat(scored).numpy(),
+        torch.cat(measured).numpy(),
     )
 
 
-def _items(ce, score, granularity):
-    "(CE sum, score, tokens) per item: a sequence (summed CE, mean score) or a token."
+def _items(ce, score, granularity, scored=None):
+    """(CE sum (K, n), score (K, n), scored targets (n,)) per item — a sequence (summed CE, mean score over its scored
+    targets) or a scored token; `scored` (N, T): the targets scored (default: all)."""
+    scored = np.ones(ce.shape[1:], bool) if scored is None else np.asarray(scored, bool)
     if granularity == 'sequence':
-        return ce.sum(-1), score.mean(-1), ce.shape[-1]
-    return ce.reshape(len(ce), -1), score.reshape(len(score), -1), 1
+        n = scored.sum(-1)
+        return (ce * scored).sum(-1), (score * scored).sum(-1) / np.maximum(n, 1), n
+    return ce[:, scored], score[:, scored], np.ones(int(scored.sum()), int)
 
 # %% ../../nbs/03a_halting.ipynb #acd5f430
-def exit_outcome(ce, score, threshold: float, granularity: str = 'sequence') -> dict:
+def exit_outcome(ce, score, threshold: float, granularity: str = 'sequence', scored=None) -> dict:
     """Each item exits at the first loop k < K whose score >= `threshold`, else at K: perplexity and average loops
-    (ce, score: (K, N, T))."""
-    c, s, t = _items(np.asarray(ce), np.asarray(score), granularity)
+    (ce, score: (K, N, T); `scored` (N, T): the targets scored, default all)."""
+    c, s, t = _items(np.asarray(ce), np.asarray(score), granularity, scored)
     K = len(c)
     hit = s[:-1] >= threshold
     exit_k = np.where(hit.any(0), hit.argmax(0), K - 1) if K > 1 else np.zeros(c.shape[1], int)
     tot = c[exit_k, np.arange(c.shape[1])].sum()
-    return dict(ppl=math.exp(tot / (c.shape[1] * t)), avg_loops=float(exit_k.mean() + 1))
+    return dict(ppl=math.exp(tot / t.sum()), avg_loops=float(exit_k.mean() + 1))
 
 
-def calibrate_threshold(ce, score, granularity='sequence', target: float = 1.01, n_quantiles: int = 51) -> float:
+def calibrate_threshold(
+    ce, score, granularity='sequence', target: float = 1.01, n_quantiles: int = 51, scored=None
+) -> float:
     """The threshold with the fewest average loops whose perplexity stays within `target` x the fixed-depth one
     (+inf: never exit early)."""
-    _, s, _ = _items(np.asarray(ce), np.asarray(score), granularity)
+    _, s, _ = _items(np.asarray(ce), np.asarray(score), granularity, scored)
     cand = np.unique(np.quantile(s[:-1], np.linspace(0, 1, n_quantiles))) if len(s) > 1 else np.array([])
     cand = [math.inf, *cand.tolist(), float(s[:-1].min() - 1e-6) if len(s) > 1 else math.inf]
-    fixed = exit_outcome(ce, score, math.inf, granularity)['ppl']
+    fixed = exit_outcome(ce, score, math.inf, granularity, scored)['ppl']
     ok = [
         (o['avg_loops'], o['ppl'], th)
         for th in cand
-        if (o := exit_outcome(ce, score, th, granularity))['ppl'] <= target * fixed
+        if (o := exit_outcome(ce, score, th, granularity, scored))['ppl'] <= target * fixed
     ]
     return min(ok)[2]
 
 # %% ../../nbs/03a_halting.ipynb #2c6dd600
-def adaptive_halting(ce, scores: dict, target: float = 1.01, policies=POLICIES, granularities=GRANULARITIES) -> list:
-    "Table 8: per policy and granularity, a threshold calibrated on the first half of the windows, scored on the rest."
+def adaptive_halting(
+    ce, scores: dict, target: float = 1.01, policies=POLICIES, granularities=GRANULARITIES, scored=None
+) -> list:
+    """Table 8: per policy and granularity, a threshold calibrated on the first half of the windows, scored on the rest
+    (`scored` (N, T): the targets scored, default all)."""
     N = ce.shape[1]
+    scored = np.ones(ce.shape[1:], bool) if scored is None else np.asarray(scored, bool)
     if N < 2:
         raise ValueError(f"Calibrated halting needs at least 2 windows (one to calibrate, one to score), got {N}.")
     cal, ev = slice(0, N // 2), slice(N // 2, N)
     res = []
     for p in policies:
         for g in granularities:
-            th = calibrate_threshold(ce[:, cal], scores[p][:, cal], g, target)
+            th = calibrate_threshold(ce[:, cal], scores[p][:, cal], g, target, scored=scored[cal])
             o, fixed = (
-                exit_outcome(ce[:, ev], scores[p][:, ev], th, g),
-                exit_outcome(ce[:, ev], scores[p][:, ev], math.inf, g),
+                exit_outcome(ce[:, ev], scores[p][:, ev], th, g, scored[ev]),
+                exit_outcome(ce[:, ev], scores[p][:, ev], math.inf, g, scored[ev]),
             )
             res.append(
                 dict(
@@ -217,7 +244,7 @@ def halting_speed(
         repeats,
         device,
     )
-    n_seq, n_tok = sum(len(x) for x, _ in bs), sum(y.numel() for _, y in bs)
+    n_seq, n_tok = sum(len(x) for x, _ in bs), sum(n_scored(y) for _, y in bs)
     fs, ds = statistics.median(secs['fixed'][1:]), statistics.median(secs['dynamic'][1:])
     return dict(
         policy=policy,

@@ -16,7 +16,8 @@ import copy
 import dataclasses
 
 # %% auto #0
-__all__ = ['CLAMPS', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'run_loops', 'check_spec', 'fresh_kwargs', 'from_hooks']
+__all__ = ['CLAMPS', 'IGNORE_INDEX', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'run_loops', 'PaddedTokens', 'check_spec',
+           'fresh_kwargs', 'from_hooks']
 
 # %% ../../nbs/03_protocol.ipynb #9a4b592c
 class LoopSpecError(ValueError):
@@ -295,16 +296,80 @@ def slice_context(spec, ctx, rows, like: torch.Tensor):
 
     return take(ctx)
 
+# %% ../../nbs/03_protocol.ipynb #758d2474
+IGNORE_INDEX = -100  # a target no diagnostic scores (F.cross_entropy's default ignore_index)
+
+
+def _real_runs(m: torch.Tensor) -> tuple:
+    "(first, end) of each row's real tokens in the bool mask `m` (N, T); refused unless each is one run of >= 2."
+    n = m.sum(1)
+    if (short := (n < 2).nonzero().flatten()).numel():
+        i = int(short[0])
+        raise LoopSpecError(
+            f"row {i} of the padded batch has {int(n[i])} real token(s): a sequence needs >= 2 (a token and its "
+            "target); drop the rows shorter than 2 tokens."
+        )
+    first = m.int().argmax(1)
+    end = m.shape[1] - m.flip(1).int().argmax(1)
+    if (holed := (end - first != n).nonzero().flatten()).numel():
+        raise LoopSpecError(
+            f"row {int(holed[0])} of the padded batch has padding between its real tokens (the mask has a hole): each "
+            "row is read as one sequence with padding before or after it; put packed documents in rows of their own."
+        )
+    return first, end
+
+# %% ../../nbs/03_protocol.ipynb #da5b8cc0
+@dataclass
+class PaddedTokens:
+    """Sequences of the user's own, padded to one length: `ids` (N, T) and `mask` (N, T), True (or 1) at each row's
+    real tokens, one unbroken run per row, padding before or after it. Every diagnostic takes it for token ids."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+
+    def __post_init__(self):
+        self.ids = _as_tokens(self.ids)
+        m = torch.as_tensor(self.mask if isinstance(self.mask, torch.Tensor) else np.asarray(self.mask))
+        m = m[None] if m.dim() == 1 else m
+        if m.shape != self.ids.shape:
+            raise LoopSpecError(
+                f"the mask has shape {tuple(m.shape)} for ids of shape {tuple(self.ids.shape)}: pass one entry per "
+                "token."
+            )
+        if m.dtype != torch.bool and not ((m == 0) | (m == 1)).all():
+            raise LoopSpecError("the mask must be bool or 0/1 (1 at real tokens, 0 at padding), like attention_mask.")
+        self.mask = m.bool().to(self.ids.device)
+        _real_runs(self.mask)
+
+    def __len__(self) -> int:
+        "The real tokens (bits per byte and word perplexity spread the CE over them)."
+        return int(self.mask.sum())
+
+    def windows(self, batch_size: int, max_batches: int = None, device='cpu'):
+        "(x, y) of `batch_size` rows at a time: x = ids[:, :-1], y = the next ids, `IGNORE_INDEX` where either pads."
+        for n, i in enumerate(range(0, len(self.ids), batch_size)):
+            if max_batches is not None and n >= max_batches:
+                return
+            ids, m = self.ids[i : i + batch_size], self.mask[i : i + batch_size]
+            y = ids[:, 1:].masked_fill(~(m[:, 1:] & m[:, :-1]), IGNORE_INDEX)
+            yield ids[:, :-1].to(device), y.to(device)
+
 # %% ../../nbs/03_protocol.ipynb #e667ca5e
 def token_windows(ids, batch_size: int, seq_len: int, max_batches: int = None, device='cpu'):
     """(x, y) batches of every consecutive window of `seq_len` tokens of the 1-D ids `ids` (tensor, array or list;
-    y = x shifted by one): `training.data.eval_batches`, same arguments, on any ids; the last batch may be smaller."""
+    y = x shifted by one): `training.data.eval_batches`, same arguments, on any ids; the last batch may be smaller.
+    `PaddedTokens`: its rows, `batch_size` at a time, y = `IGNORE_INDEX` where a target or its input is padding."""
+    if isinstance(ids, PaddedTokens):  # sequences of the user's own: their rows, as given (seq_len does not apply)
+        if not (isinstance(batch_size, int) and batch_size >= 1):
+            raise LoopSpecError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+        return ids.windows(batch_size, max_batches, device)
     ids = ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
     if ids.ndim > 1 and int(np.prod(ids.shape[:-1])) > 1:  # flattened, its windows would cross from row to row
         raise LoopSpecError(
             f"the diagnostics read ONE token stream, got an array of shape {tuple(ids.shape)}: several sequences "
             "(a padded batch) flattened into one would give windows that run from one sequence into the next and "
-            "read padding as text. Pass one 1-D stream of real tokens (e.g. torch.cat([row[m] for row, m in "
+            "read padding as text. Pass PaddedTokens(ids, mask) to read the rows as given, or one 1-D stream"
+            " of real tokens (e.g. torch.cat([row[m] for row, m in "
             "zip(tokens, mask)]), a separator token between documents), or check one batch with check_spec(spec, "
             "tokens, targets) with targets -100 where the mask is off."
         )
@@ -359,6 +424,26 @@ def token_ce(spec, h, ctx, k, y, chunk: int = 0, scores=None):
                 sc.setdefault(p, torch.empty_like(ce))[rows] = s
         del logits, lg
     return ce if scores is None else (ce, sc)
+
+# %% ../../nbs/03_protocol.ipynb #be62084b
+def n_scored(y) -> int:
+    "The targets of `y` the diagnostics score: all but `IGNORE_INDEX`."
+    return int((y != IGNORE_INDEX).sum())
+
+
+def measured_positions(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Bool (B, P) over the positions of the state `h` that every statistic of the state reads: those with a scored
+    target; for a token stream all of them (register tokens beside the sequence included)."""
+    scored = y != IGNORE_INDEX
+    if h.shape[1] == y.shape[1]:
+        return scored.to(h.device)
+    if scored.all():
+        return torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
+    raise LoopSpecError(
+        f"the state holds {h.shape[1]} positions for the {y.shape[1]} tokens of a padded batch, so which of them are "
+        "padding cannot be told (register or memory tokens beside the sequence); diagnose the sequences as one 1-D "
+        "stream of real tokens instead (a separator token between them)."
+    )
 
 # %% ../../nbs/03_protocol.ipynb #0d2f29b2
 def _ce64(logits, y):
@@ -525,6 +610,34 @@ def _check_readout(spec, hs, ctx, y, res):
         res['turned_ce'] = _ce64(spec.readout(_turned(hs[-1]), ctx, K), y)
         res['ce'] = [_ce64(spec.readout(h, ctx, k), y) for k, h in enumerate(hs, 1)]
 
+# %% ../../nbs/03_protocol.ipynb #162c596a
+def _check_padding(spec, x, y, hs, ctx, res, rows: list = None):
+    """A padded batch: each row's scored logits at every exit must equal those of the row run alone, unpadded
+    (a causal model reads nothing after a position, so the row alone is its scored span); `rows`: their numbers."""
+    scored = y != IGNORE_INDEX
+    if scored.all():
+        return
+    measured_positions(hs[0], y)  # refuses a state of more positions than tokens
+    d, worst = 0.0, None
+    with torch.no_grad():
+        full = [call_user(spec, 'readout', k, h, ctx, k) for k, h in enumerate(hs, 1)]
+        for i in (i for i in range(len(x)) if scored[i].any()):
+            cols = scored[i].nonzero().flatten()
+            a, b = int(cols[0]), int(cols[-1]) + 1
+            alone, actx = run_loops(spec, x[i : i + 1, a:b], spec.K)
+            for k, (lg, h1) in enumerate(zip(full, alone), 1):
+                e = _rel_diff(call_user(spec, 'readout', k, h1, actx, k)[0][scored[i, a:b]], lg[i][scored[i]])
+                d, worst = (e, (rows[i] if rows else i, k)) if e > d else (d, worst)
+    res['padding_rel_diff'] = d
+    if d > 1e-4:
+        raise LoopSpecError(
+            f"{spec.name}: row {worst[0]} of a padded batch, run alone without its padding, gives other logits at its "
+            f"scored tokens at exit {worst[1]} (relative difference {d:.2g}): the model reads the padding (padding "
+            "before the tokens without an attention mask, or positions counted from the row's first entry). Pad on "
+            "the right (a causal model never reads what follows), or make init build the mask from the ids (e.g. "
+            "tokens != pad_id) and give the model the mask and the positions it needs."
+        )
+
 # %% ../../nbs/03_protocol.ipynb #47908be4
 def _check_exits(spec, x, hs, ctx, res):
     "The readout at every exit k against the model's own exit function (`LoopSpec.exits`), when the spec gives one."
@@ -546,8 +659,9 @@ def _check_exits(spec, x, hs, ctx, res):
         )
 
 
-def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
-    "Run `spec` on `tokens` and raise `LoopSpecError` for the silent mistakes; return what was measured (see above)."
+def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3, rows: list = None) -> dict:
+    """Run `spec` on `tokens` and raise `LoopSpecError` for the silent mistakes; return what was measured (see above).
+    `rows`: the numbers of `tokens`' rows in the user's own batch, named in a refusal of its padding."""
     spec = as_spec(spec)
     x = _as_tokens(tokens)
     if targets is None:
@@ -575,28 +689,43 @@ def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
             "applied to the state itself."
         )
     _memo(spec)['verdict'] = res
+    _check_padding(spec, x, y, hs, ctx, res, rows)  # the data's check, not the spec's: after the verdict is kept
     return res
 
 # %% ../../nbs/03_protocol.ipynb #43a40b1c
-def checked_spec(spec, tokens, targets=None) -> dict:
+def checked_spec(spec, tokens, targets=None, rows: list = None) -> dict:
     "`check_spec`'s verdict, measured once per spec object (a refusal is raised again): the guard of every diagnostic."
     spec, memo = as_spec(spec), _memo(as_spec(spec))
     if 'refused' in memo:
         raise LoopSpecError(memo['refused'])
     if 'verdict' not in memo:
         try:
-            check_spec(spec, tokens, targets)
+            check_spec(spec, tokens, targets, rows=rows)
         except LoopSpecError as e:
-            memo['refused'] = str(e)
+            if 'verdict' not in memo:  # refused for its padding, a spec may still measure other tokens
+                memo['refused'] = str(e)
             raise
     return memo['verdict']
 
 # %% ../../nbs/03_protocol.ipynb #de587ae2
+def _guard_batch(tokens, seq_len: int, device) -> tuple:
+    """(x, y, row numbers) the guard checks: a stream's first two windows; of padded rows, the one with the fewest real
+    tokens and the one with the most."""
+    if not isinstance(tokens, PaddedTokens):
+        return *next(iter(token_windows(tokens, 2, seq_len, 1, device))), None
+    n = tokens.mask.sum(1)
+    rows = [int(n.argmin())] + ([int(n.argmax())] if int(n.argmax()) != int(n.argmin()) else [])
+    return *next(PaddedTokens(tokens.ids[rows], tokens.mask[rows]).windows(2, 1, device)), rows
+
+
 def guarded_spec(obj, tokens, seq_len: int, device='cpu', K: int = None) -> LoopSpec:
-    "The spec of `obj` (run for `K` loops if given), checked once per spec object on the first window of `tokens`."
+    """The spec of `obj` (run for `K` loops if given), checked once per spec object on the first window of `tokens`;
+    padded rows are checked against their unpadded selves every time (their padding may differ from the last)."""
     spec = as_spec(obj) if K is None else dataclasses.replace(as_spec(obj), K=K)
-    x, y = next(iter(token_windows(tokens, 2, seq_len, 1, device)))
-    checked_spec(spec, x, y)  # raises LoopSpecError, naming the cause, before any expensive work
+    x, y, rows = _guard_batch(tokens, seq_len, device)
+    verdict = checked_spec(spec, x, y, rows=rows)  # raises LoopSpecError, naming the cause, before any expensive work
+    if rows is not None:
+        _check_padding(spec, x, y, *run_loops(spec, x, spec.K), verdict, rows)
     return spec
 
 # %% ../../nbs/03_protocol.ipynb #3da98de4

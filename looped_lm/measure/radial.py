@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from ..model.lemmas import radial_fraction, radial_exact, angle_between, radial_tangential
 from .protocol import LoopSpecError, as_spec, run_loops, token_windows, readout_norm_at, token_ce
-from .protocol import checked_spec, IGNORED_STATE, guarded_spec
+from .protocol import checked_spec, IGNORED_STATE, guarded_spec, n_scored, measured_positions
 from ..training.train import norm_penalty as penalty
 
 # %% auto #0
@@ -82,7 +82,7 @@ def _readout_ces(spec, hidden, ctx, y, ce_chunk: int) -> tuple:
     ces, outs = [], []
     for k, h in enumerate(hidden, 1):
         with _norm_outputs(_norm_module(spec, k)) as o:  # the norm's output: v for the exact prediction
-            ces.append(token_ce(spec, h, ctx, k, y, ce_chunk).mean())
+            ces.append(token_ce(spec, h, ctx, k, y, ce_chunk).sum() / max(1, n_scored(y)))  # over the scored targets
         outs.append(o)
     return ces, outs
 
@@ -95,25 +95,27 @@ def _objective(ces: list, hidden, loss: str, norm_penalty: float):
     return obj
 
 # %% ../../nbs/03b_radial.ipynb #53d6d14b
-def _live_mean(g, h64) -> tuple:
-    "(token mean of the radial fraction over the tokens whose gradient is not zero (None if none is), their mask)."
-    live = g.abs().amax(-1) > 0  # a token whose loss does not depend on H_k has no radial fraction at all
+def _live_mean(g, h64, measured) -> tuple:
+    """(token mean of the radial fraction over the `measured` positions whose gradient is not zero (None if none is),
+    their mask)."""
+    live = (g.abs().amax(-1) > 0) & measured  # a token whose loss does not depend on H_k has no radial fraction at all
     return (radial_fraction(g, h64, reduce=None)[live].mean().item() if live.any() else None), live
 
 
-def _radial_loop(spec, k: int, h, ce, o: list, g_obj, acc, lem: dict):
+def _radial_loop(spec, k: int, h, ce, o: list, g_obj, acc, lem: dict, measured):
     """Add loop k+1's measured fractions to its `acc` (readout, objective, whole; batches counted for the readout and
-    the objective; tokens whose readout gradient is zero: left out, counted) and the lemma's exact one to `lem`."""
+    the objective; `measured` tokens whose readout gradient is zero: left out, counted) and the lemma's exact one to
+    `lem`."""
     g, *g_out = torch.autograd.grad(ce, [h, *o], retain_graph=True, allow_unused=True)
     g, h64 = g.double(), h.double()
-    (r, live), (r_obj, _) = _live_mean(g, h64), _live_mean(g_obj.double(), h64)
-    acc[5] += int((~live).sum())
+    (r, live), (r_obj, _) = _live_mean(g, h64, measured), _live_mean(g_obj.double(), h64, measured)
+    acc[5] += int((measured & ~live).sum())
     if r is not None:
         acc[[0, 2, 3]] += [r, radial_fraction(g[live], h64[live], per_token=False).item(), 1]  # whole: one cosine
     if r_obj is not None:
         acc[[1, 4]] += [r_obj, 1]
     if rn := readout_norm_at(spec, k + 1, h.dtype):
-        lem['scale'].append(radial_scale(h, *rn))
+        lem['scale'].append(radial_scale(h[measured], *rn))
         if (v := _lemma_v(_norm_module(spec, k + 1), o, g_out, h)) is not None:
             rho, t = radial_exact(v, h, *rn)
             measured = radial_fraction(g, h64, reduce=None)
@@ -184,8 +186,9 @@ def radial_fractions(
             dtypes.update(str(h.dtype).replace('torch.', '') for h in hidden)
             ces, outs = _readout_ces(spec, hidden, ctx, y, ce_chunk)
             g_obj = torch.autograd.grad(_objective(ces, hidden, loss, norm_penalty), hidden, retain_graph=True)
+            at = measured_positions(hidden[0], y)
             for k, (h, ce, o) in enumerate(zip(hidden, ces, outs)):
-                _radial_loop(spec, k, h, ce, o, g_obj[k], acc[k], lem[k])
+                _radial_loop(spec, k, h, ce, o, g_obj[k], acc[k], lem[k], at)
             del hidden, ces, outs
     return [_radial_row(k + 1, acc[k], lem[k], through_loops, dtypes) for k in range(K)]
 
@@ -201,13 +204,12 @@ def angular_updates(model, tokens, batch_size=8, seq_len=64, max_batches=4, devi
     spec = guarded_spec(model, tokens, seq_len, device, K)
     rows = {k: [] for k in range(2, spec.K + 1)}
     with float64_spec(spec):
-        for x, _ in token_windows(tokens, batch_size, seq_len, max_batches, device):
+        for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
             hid = [h.double() for h in run_loops(spec, x, spec.K)[0]]
+            at = measured_positions(hid[0], y)  # the positions with a scored target (all of a stream's)
             for k in rows:
-                a, b = hid[k - 2], hid[k - 1]
-                rows[k].append(
-                    torch.stack([angle_between(a, b), torch.linalg.vector_norm(a, dim=-1), _b_perp(a, b)]).flatten(1)
-                )
+                a, b = hid[k - 2][at], hid[k - 1][at]
+                rows[k].append(torch.stack([angle_between(a, b), torch.linalg.vector_norm(a, dim=-1), _b_perp(a, b)]))
     res = []
     for k, r in rows.items():
         th, s, bp = torch.cat(r, 1)
