@@ -497,7 +497,12 @@ def rule_r4(rows: list, arm: str, before: int, after: int) -> dict:
 
 # %% ../../nbs/06d_depth.ipynb #85a88847
 def _slope(x, y) -> float:
-    return float(np.polyfit(x, y, 1)[0]) if len(set(x)) > 1 and all(map(math.isfinite, [*x, *y])) else float('nan')
+    """Least-squares slope of y on x in closed form, summed exactly (`math.fsum`): the same bits whatever LAPACK numpy
+    ships, so a rebuild from the records is byte-identical (NaN: fewer than two distinct x, or a non-finite value)."""
+    if len(set(x)) < 2 or not all(map(math.isfinite, [*x, *y])):
+        return float('nan')
+    mx, my = math.fsum(x) / len(x), math.fsum(y) / len(y)
+    return math.fsum((a - mx) * (b - my) for a, b in zip(x, y)) / math.fsum((a - mx) ** 2 for a in x)
 
 
 def rule_r6(rows: list, arm: str, step: int) -> dict:
