@@ -65,16 +65,15 @@ def windows():
 
 
 def hand_radial(grads_and_states) -> tuple:
-    """(batch mean of the token mean of |cos(g, H)| over the tokens whose gradient is not zero, number of tokens whose
-    gradient is zero): the radial fraction written out, float64."""
-    means, dead = [], 0
+    """(mean of |cos(g, H)| over every batch's tokens whose gradient is not zero, number of tokens whose gradient is
+    zero): the radial fraction written out, float64."""
+    cosines, dead = [], 0
     for g, h in grads_and_states:
         live = g.abs().amax(-1) > 0
         dead += int((~live).sum())
-        cos = (g * h).sum(-1).abs() / (g.norm(dim=-1) * h.norm(dim=-1))
-        if live.any():
-            means.append(cos[live].mean().item())
-    return (float(np.mean(means)) if means else None), dead
+        cosines.append(((g * h).sum(-1).abs() / (g.norm(dim=-1) * h.norm(dim=-1)))[live])
+    every = torch.cat(cosines)
+    return (every.mean().item() if len(every) else None), dead
 
 
 def rel(a, b) -> float:

@@ -1,7 +1,8 @@
 """Batches of the user's own (issue 33): sequences padded to one length with a mask, read by every diagnostic.
 
 What a padded batch reports must be what the same sequences report run one by one, unpadded: each number here is
-recomputed on each sequence alone through the model's own forward (no `PaddedTokens`, no protocol). A model that
+recomputed on each sequence alone through the model's own forward (no `PaddedTokens`, no protocol; the clamps' by
+`run_loops` on each sequence alone, the one place the library's own loop is the reference). A model that
 reads its padding is refused before any measurement, and accepted once it takes the mask.
 """
 
@@ -23,6 +24,7 @@ from looped_lm.measure.diagnostics import (
     token_norms,
 )
 from looped_lm.measure.radial import angular_updates, radial_fractions
+from looped_lm.measure.halting import halting_speed
 
 V, K, PAD = 64, 3, 0
 LENGTHS = (20, 7, 13, 33, 2, 17, 9, 30)  # real tokens per row; rows are padded to 33
@@ -72,7 +74,7 @@ def test_every_diagnostic_equals_the_rows_run_alone(lm):
     np.testing.assert_allclose(norms, want, rtol=1e-5)  # the same tokens in the same order, padding left out
     cl = clamp_modes(lm, pad, batch_size=3, modes=('none', 'freeze_loop1'))
     np.testing.assert_allclose([r['norm_l2'] for r in cl['none']], want.mean(1), rtol=1e-5)
-    frozen = [run_loops(lm, s[None, :-1], K, clamp='freeze_loop1')[0] for s in seqs]
+    frozen = [run_loops(lm, s[None, :-1], K, clamp='freeze_loop1')[0] for s in seqs]  # the clamp on each row alone
     np.testing.assert_allclose(
         [r['norm_l2'] for r in cl['freeze_loop1']],
         [torch.cat([f[k][0].double().norm(dim=-1) for f in frozen]).mean().item() for k in range(K)],
@@ -87,30 +89,46 @@ def test_every_diagnostic_equals_the_rows_run_alone(lm):
     np.testing.assert_allclose([r['ce'] for r in sc], [ce[-1].item(), (two / n).item()], rtol=1e-6)
 
 
-def test_geometry_in_float64_equals_the_rows_run_alone(lm):
-    "Radial fractions, angles and Lemma 2 over one batch of every row: the token means of the rows alone, in float64."
+def hand_geometry(lm64, seqs, penalty: float) -> dict:
+    """Per loop, over every real token of every sequence alone (float64): the radial fraction of its readout CE's
+    gradient and of the per-loop objective's (CE summed over loops, plus `penalty` x the summed squared state / d),
+    and per transition the angle, the previous state's norm and the norm of the update's part orthogonal to it."""
+    out = {name: {k: [] for k in range(K)} for name in ('readout', 'objective', 'angle', 's_prev', 'b_perp')}
+    for s in seqs:
+        hs = lm64(s[None, :-1]).hidden  # the states the forward feeds on: the objective's gradient runs through them
+        ces = [F.cross_entropy(lm64.readout(h, k + 1)[0], s[1:], reduction='sum') for k, h in enumerate(hs)]
+        total = sum(ces) + penalty * sum(h.pow(2).sum() for h in hs) / hs[0].shape[-1]
+        g_obj = torch.autograd.grad(total, hs, retain_graph=True)
+        for k, h in enumerate(hs):
+            g = torch.autograd.grad(ces[k], h, retain_graph=True)[0]
+            out['readout'][k].append(radial_fraction(g, h, reduce=None)[0])
+            out['objective'][k].append(radial_fraction(g_obj[k], h, reduce=None)[0])
+        for k in range(1, K):
+            a, b = hs[k - 1].detach()[0], hs[k].detach()[0]
+            unit = a / a.norm(dim=-1, keepdim=True)
+            out['angle'][k].append(angle_between(a, b))
+            out['s_prev'][k].append(a.norm(dim=-1))
+            out['b_perp'][k].append(((b - a) - ((b - a) * unit).sum(-1, keepdim=True) * unit).norm(dim=-1))
+    return {name: {k: torch.cat(v).mean().item() for k, v in per.items() if v} for name, per in out.items()}
+
+
+@pytest.mark.parametrize('penalty', [0.0, 0.5])
+def test_geometry_in_float64_equals_the_rows_run_alone(lm, penalty):
+    """Radial fractions (readout, and the objective with and without the norm penalty), angles and Lemma 2 over
+    batches of 3, 3 and 2 rows of different lengths: token means of the sequences alone, in float64."""
     seqs, pad = sequences(), padded(sequences())
     lm64 = LoopedLM(lm.config).double().eval()
     lm64.load_state_dict(lm.state_dict())
-    per_token = {k: [] for k in range(K)}
-    angles = {k: [] for k in range(1, K)}
-    for s in seqs:
-        hs = [h.detach().requires_grad_() for h in lm64(s[None, :-1]).hidden]
-        for k, h in enumerate(hs):
-            g = torch.autograd.grad(F.cross_entropy(lm64.readout(h, k + 1)[0], s[1:]), h)[0]
-            per_token[k].append(radial_fraction(g, h, reduce=None)[0])
-        for k in range(1, K):
-            angles[k].append(angle_between(hs[k - 1].detach(), hs[k].detach())[0])
-    rows = radial_fractions(lm, pad, batch_size=len(LENGTHS))
+    want = hand_geometry(lm64, seqs, penalty)
+    rows = radial_fractions(lm, pad, batch_size=3, norm_penalty=penalty)
     assert [r['zero_grad_tokens'] for r in rows] == [0] * K  # padding is not a token without a gradient
-    np.testing.assert_allclose(
-        [r['readout'] for r in rows], [torch.cat(per_token[k]).mean().item() for k in range(K)], rtol=1e-9
-    )
-    ang = angular_updates(lm, pad, batch_size=len(LENGTHS))
-    np.testing.assert_allclose(
-        [a['angle'] for a in ang], [torch.cat(angles[k]).mean().item() for k in angles], rtol=1e-9
-    )
-    lem = lemma2(lm, pad, loops=K, batch_size=len(LENGTHS))
+    np.testing.assert_allclose([r['readout'] for r in rows], list(want['readout'].values()), rtol=1e-9)
+    # the penalty's gradient is taken in float32 (training's own formula, `train.norm_penalty`): 1e-6, not 1e-9
+    np.testing.assert_allclose([r['objective'] for r in rows], list(want['objective'].values()), rtol=1e-6)
+    ang = angular_updates(lm, pad, batch_size=3)
+    for name in ('angle', 's_prev', 'b_perp'):
+        np.testing.assert_allclose([a[name] for a in ang], list(want[name].values()), rtol=1e-9)
+    lem = lemma2(lm, pad, loops=K, batch_size=3)
     with torch.no_grad():
         runs = [lm64(s[None, :-1]).hidden for s in seqs]
     hid = [torch.cat([r[k][0] for r in runs]) for k in range(K)]
@@ -119,13 +137,29 @@ def test_geometry_in_float64_equals_the_rows_run_alone(lm):
     np.testing.assert_allclose([r['du'] for r in lem], du, rtol=1e-6)
 
 
+def test_halting_speed_exits_each_sequence_on_its_real_tokens(lm):
+    "Sequence-level halting on padded rows: each sequence exits on the mean score of its real targets, as alone."
+    seqs, pad = sequences(), padded(sequences())
+    with torch.no_grad():
+        logits = [[alone(lm, s, k)[1][0] for k in range(1, K + 1)] for s in seqs]
+    score = [[lg.softmax(-1).max(-1).values.mean().item() for lg in per] for per in logits]
+    threshold = float(np.median([sc[0] for sc in score]))  # half the sequences exit at loop 1
+    exit_k = [next((k for k in range(K - 1) if sc[k] >= threshold), K - 1) for sc in score]
+    ce = sum(F.cross_entropy(per[k].double(), s[1:], reduction='sum').item() for per, k, s in zip(logits, exit_k, seqs))
+    n = sum(len(s) - 1 for s in seqs)
+    got = halting_speed(lm, pad, 'max_prob', threshold, batch_size=3, repeats=1)
+    assert got['tokens'] == n
+    assert got['avg_loops'] == pytest.approx(np.mean(exit_k) + 1)
+    assert got['dynamic_ppl'] == pytest.approx(math.exp(ce / n), rel=1e-6)
+
+
 def test_diagnose_on_padded_rows_counts_only_real_targets(lm):
     seqs, pad = sequences(), padded(sequences())
     rep = diagnose(lm, pad, batch_size=4)
     n = sum(len(s) - 1 for s in seqs)
     assert rep['exits']['validation'][-1]['tokens'] == n
     assert rep['norms'][-1]['n_tokens'] == n
-    assert rep['spec_check']['padding_rel_diff'] < 1e-5
+    assert rep['spec_check']['padding_rel_diff'] < 1e-5  # the data's check, reported with the spec's
     # halting: calibrated on rows 0-3, scored on rows 4-7; its fixed depth is the loop-K CE of those rows' targets
     with torch.no_grad():
         tail = seqs[len(seqs) // 2 :]
@@ -141,10 +175,16 @@ def test_a_model_that_reads_its_padding_is_refused_before_measuring(lm):
         sequences(), side='left'
     )  # learned positions count from the row's first entry, and it attends to pads
     for fn in (eval_exits, token_norms, radial_fractions):
-        with pytest.raises(LoopSpecError, match='the model reads the padding'):
+        with pytest.raises(LoopSpecError, match='the model reads its padding'):
             fn(lm, left, batch_size=4)
-    with pytest.raises(LoopSpecError, match='Pad on the right'):
+    with pytest.raises(LoopSpecError, match='pad on the right'):
         diagnose(lm, left, batch_size=4)
+    # one row padded on the left among rows padded on the right, neither the shortest nor the longest: still checked
+    ids, mask = padded(sequences()).ids.clone(), padded(sequences()).mask.clone()
+    ids[2], mask[2] = ids[2].roll(33 - LENGTHS[2]), mask[2].roll(33 - LENGTHS[2])
+    with pytest.raises(LoopSpecError, match='row 2 of the padded batch'):
+        eval_exits(lm, PaddedTokens(ids, mask), batch_size=4)
+    eval_exits(lm, torch.cat(sequences()), batch_size=4, seq_len=16)  # refused for that padding, not for a stream
 
 
 class MaskedBlock(nn.Module):
@@ -207,7 +247,7 @@ def test_a_model_that_takes_the_mask_is_diagnosed_on_left_padding():
     torch.manual_seed(1)
     model = MaskedLooped().eval()
     seqs, left = sequences(2), padded(sequences(2), side='left')
-    with pytest.raises(LoopSpecError, match='the model reads the padding'):
+    with pytest.raises(LoopSpecError, match='the model reads its padding'):
         eval_exits(masked_spec(model, use_mask=False), left, batch_size=4)
     spec = masked_spec(model)
     n = sum(len(s) - 1 for s in seqs)

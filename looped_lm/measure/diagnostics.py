@@ -37,6 +37,7 @@ from looped_lm.measure.protocol import (
     PaddedTokens,
     n_scored,
     measured_positions,
+    padding_rel_diff,
 )
 from .halting import loop_scores, adaptive_halting
 from .radial import radial_fractions, angular_updates
@@ -457,9 +458,9 @@ def scale_sensitivity(
 @torch.no_grad()
 def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=5, device='cpu') -> list:
     """Lemma 2 beyond the training depth, per transition k -> k+1 of a `loops`-loop run: s_k, a_k, mean ||du|| and
-    mean ||du||*s_k (float64)."""
+    mean ||du||*s_k (float64; means over tokens, each weighing the same whatever its batch)."""
     spec = guarded_spec(spec, tokens, seq_len, device)
-    acc, nb = np.zeros((loops - 1, 4)), 0
+    acc, n = np.zeros((loops - 1, 4)), 0
     for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
         hid = run_loops(spec, x, loops)[0]
         at = measured_positions(hid[0], y)  # (n, d) per loop: the positions with a scored target (all of a stream's)
@@ -469,14 +470,14 @@ def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=
         for k in range(loops - 1):
             du = torch.linalg.vector_norm(u[k + 1] - u[k], dim=-1)
             acc[k] += [
-                rms[k].mean().item(),
-                (u[k] * (hid[k + 1] - hid[k])).sum(-1).mean().item(),
-                du.mean().item(),
-                (du * rms[k][..., 0]).mean().item(),
+                rms[k].sum().item(),
+                (u[k] * (hid[k + 1] - hid[k])).sum().item(),
+                du.sum().item(),
+                (du * rms[k][..., 0]).sum().item(),
             ]
-        nb += 1
+        n += len(hid[0])
         del hid, u
-    return [dict(k=k, s=s, a=a, du=du, du_times_s=dus) for k, (s, a, du, dus) in enumerate((acc / nb).tolist(), 1)]
+    return [dict(k=k, s=s, a=a, du=du, du_times_s=dus) for k, (s, a, du, dus) in enumerate((acc / n).tolist(), 1)]
 
 # %% ../../nbs/03c_diagnostics.ipynb #942bd8fb
 def _splits(data) -> tuple:
@@ -575,6 +576,8 @@ def diagnose(
     few = min(max_batches or math.inf, -(-few_tokens // per))  # float64 gradients, angles, scale, Lemma 2: ~8k
     spec = guarded_spec(spec, val, seq_len, device)  # raises LoopSpecError on a broken spec
     check = {k: v for k, v in checked_spec(spec, None).items() if isinstance(v, (int, float, str, bool, type(None)))}
+    if isinstance(val, PaddedTokens):  # the data's check: each guard row's logits against its tokens alone
+        check['padding_rel_diff'] = padding_rel_diff(spec, val, device)
     plain = loop_scores(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw)  # halting, norms, clamp 'none'
     rep, skipped = _spec_parts(spec, val, check, plain, (sub, few), ce_chunk, lemma_loops, kw)
     head = dict(version=DIAG_VERSION, name=spec.name, state=spec.state, K=spec.K, spec_check=check)

@@ -36,16 +36,17 @@ def halting_scores(logits: torch.Tensor) -> dict:
 # %% ../../nbs/03a_halting.ipynb #5ea639d5
 def halting_policy(policy: str, threshold: float, K: int, granularity: str = 'token'):
     """An exit rule for `LoopedLM.generate(halting=...)`: (logits, k) -> bool mask, True where the score reaches
-    `threshold` (always at k >= K)."""
+    `threshold` (always at k >= K); a sequence scores the mean over its tokens, or over those of `scored` (B, T) if
+    given (a padded batch's real targets)."""
     if policy not in POLICIES:
         raise ValueError(f"Unknown halting policy {policy!r}; choose one of {', '.join(POLICIES)}.")
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}.")
 
-    def rule(logits, k):
+    def rule(logits, k, scored=None):
         s = halting_scores(logits)[policy]
         if granularity == 'sequence' and s.dim() > 1:
-            s = s.mean(-1)
+            s = s.mean(-1) if scored is None else torch.where(scored, s, 0).sum(-1) / scored.sum(-1).clamp_min(1)
         return torch.ones_like(s, dtype=torch.bool) if k >= K else s >= threshold
 
     return rule
@@ -95,8 +96,8 @@ def _items(ce, score, granularity, scored=None):
     targets) or a scored token; `scored` (N, T): the targets scored (default: all)."""
     scored = np.ones(ce.shape[1:], bool) if scored is None else np.asarray(scored, bool)
     if granularity == 'sequence':
-        n = scored.sum(-1)
-        return (ce * scored).sum(-1), (score * scored).sum(-1) / np.maximum(n, 1), n
+        n = scored.sum(-1)  # np.where: a non-finite CE or score at padding never reaches a sum (NaN * 0 is NaN)
+        return np.where(scored, ce, 0).sum(-1), np.where(scored, score, 0).sum(-1) / np.maximum(n, 1), n
     return ce[:, scored], score[:, scored], np.ones(int(scored.sum()), int)
 
 # %% ../../nbs/03a_halting.ipynb #acd5f430
@@ -174,7 +175,8 @@ def _dynamic_ce(spec, x, y, rule, ce_chunk=0):
         for rows, lg in readout_pieces(
             spec, h, ctx, k, ce_chunk
         ):  # one readout a loop: the exit rule and the CE read the same logits
-            done.append(rule(lg, k) if k < spec.K else torch.ones(len(lg), dtype=torch.bool, device=lg.device))
+            live = y[rows] != IGNORE_INDEX  # a sequence's score: the mean over its scored targets
+            done.append(rule(lg, k, live) if k < spec.K else torch.ones(len(lg), dtype=torch.bool, device=lg.device))
             ce.append(
                 F.cross_entropy(lg.float().flatten(0, -2), y[rows].flatten(), reduction='none')
                 .view(y[rows].shape)

@@ -16,8 +16,8 @@ import copy
 import dataclasses
 
 # %% auto #0
-__all__ = ['CLAMPS', 'IGNORE_INDEX', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'run_loops', 'PaddedTokens', 'check_spec',
-           'fresh_kwargs', 'from_hooks']
+__all__ = ['CLAMPS', 'IGNORE_INDEX', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'run_loops', 'PaddedTokens',
+           'padding_rel_diff', 'check_spec', 'fresh_kwargs', 'from_hooks']
 
 # %% ../../nbs/03_protocol.ipynb #9a4b592c
 class LoopSpecError(ValueError):
@@ -370,8 +370,7 @@ def token_windows(ids, batch_size: int, seq_len: int, max_batches: int = None, d
             "(a padded batch) flattened into one would give windows that run from one sequence into the next and "
             "read padding as text. Pass PaddedTokens(ids, mask) to read the rows as given, or one 1-D stream"
             " of real tokens (e.g. torch.cat([row[m] for row, m in "
-            "zip(tokens, mask)]), a separator token between documents), or check one batch with check_spec(spec, "
-            "tokens, targets) with targets -100 where the mask is off."
+            "zip(tokens, mask)]), a separator token between documents)."
         )
     ids = ids.reshape(-1)
     if seq_len < 1 or batch_size < 1:
@@ -611,32 +610,53 @@ def _check_readout(spec, hs, ctx, y, res):
         res['ce'] = [_ce64(spec.readout(h, ctx, k), y) for k, h in enumerate(hs, 1)]
 
 # %% ../../nbs/03_protocol.ipynb #162c596a
-def _check_padding(spec, x, y, hs, ctx, res, rows: list = None):
-    """A padded batch: each row's scored logits at every exit must equal those of the row run alone, unpadded
-    (a causal model reads nothing after a position, so the row alone is its scored span); `rows`: their numbers."""
-    scored = y != IGNORE_INDEX
-    if scored.all():
-        return
-    measured_positions(hs[0], y)  # refuses a state of more positions than tokens
-    d, worst = 0.0, None
+def _guard_rows(mask: torch.Tensor, n: int = 8) -> list:
+    """Up to `n` rows of a padded batch for the guard: the fewest and the most real tokens, the most padding before
+    and after them, then the first rows."""
+    real, first = mask.sum(1), mask.int().argmax(1)
+    after = mask.shape[1] - first - real
+    picks = [int(real.argmin()), int(real.argmax()), int(first.argmax()), int(after.argmax()), *range(len(mask))]
+    return list(dict.fromkeys(picks))[:n]
+
+
+def _padding_error(spec, row: int, k: int, d: float, tol: float, before: bool) -> LoopSpecError:
+    "The refusal of a padded row whose logits differ from its tokens' alone: the cause and the fix, by padding side."
+    why = (
+        "It has padding before its tokens, which they attend to, or which moves their positions: pad on the right (a "
+        "causal model never reads what follows), or make init build the mask and the positions from the ids (e.g. "
+        "tokens != pad_id) and give them to the model."
+        if before
+        else "Its padding is only after its tokens, so the model reads what follows a position (it is not causal) or "
+        "depends on the row's length: give init the mask (e.g. tokens != pad_id) so that the model skips the padding."
+    )
+    return LoopSpecError(
+        f"{spec.name}: row {row} of the padded batch gives other logits at its scored tokens at exit {k} than its "
+        f"real tokens run alone, unpadded (relative difference {d:.2g} > {tol:.2g}): the model reads its padding. {why}"
+    )
+
+
+def padding_rel_diff(spec, tokens: PaddedTokens, device='cpu') -> float:
+    """The largest relative difference, over the guard's rows (`_guard_rows`) and every exit, between a row's logits
+    at its scored tokens in the padded batch and those of its real tokens run alone; refused above the tolerance."""
+    spec, rows = as_spec(spec), _guard_rows(tokens.mask)
+    x, y = next(PaddedTokens(tokens.ids[rows], tokens.mask[rows]).windows(len(rows), 1, device))
+    real, scored, d, worst = tokens.mask[rows][:, :-1].to(device), y != IGNORE_INDEX, 0.0, None
     with torch.no_grad():
+        hs, ctx = run_loops(spec, x, spec.K)
+        measured_positions(hs[0], y)  # refuses a state of more positions than tokens
         full = [call_user(spec, 'readout', k, h, ctx, k) for k, h in enumerate(hs, 1)]
-        for i in (i for i in range(len(x)) if scored[i].any()):
-            cols = scored[i].nonzero().flatten()
+        for i in range(len(rows)):
+            cols = real[i].nonzero().flatten()
             a, b = int(cols[0]), int(cols[-1]) + 1
             alone, actx = run_loops(spec, x[i : i + 1, a:b], spec.K)
             for k, (lg, h1) in enumerate(zip(full, alone), 1):
                 e = _rel_diff(call_user(spec, 'readout', k, h1, actx, k)[0][scored[i, a:b]], lg[i][scored[i]])
-                d, worst = (e, (rows[i] if rows else i, k)) if e > d else (d, worst)
-    res['padding_rel_diff'] = d
-    if d > 1e-4:
-        raise LoopSpecError(
-            f"{spec.name}: row {worst[0]} of a padded batch, run alone without its padding, gives other logits at its "
-            f"scored tokens at exit {worst[1]} (relative difference {d:.2g}): the model reads the padding (padding "
-            "before the tokens without an attention mask, or positions counted from the row's first entry). Pad on "
-            "the right (a causal model never reads what follows), or make init build the mask from the ids (e.g. "
-            "tokens != pad_id) and give the model the mask and the positions it needs."
-        )
+                d, worst = (e, (i, k)) if e > d else (d, worst)
+    eps = max(torch.finfo(t.dtype).eps for t in (hs[-1], full[-1]) if t.is_floating_point())
+    tol = max(1e-4, 8 * eps)  # float32: 1e-4, bfloat16: 0.06; a model that reads its padding differs by ~1
+    if d > tol:
+        raise _padding_error(spec, rows[worst[0]], worst[1], d, tol, bool(real[worst[0], 0] == 0))
+    return d
 
 # %% ../../nbs/03_protocol.ipynb #47908be4
 def _check_exits(spec, x, hs, ctx, res):
@@ -659,9 +679,8 @@ def _check_exits(spec, x, hs, ctx, res):
         )
 
 
-def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3, rows: list = None) -> dict:
-    """Run `spec` on `tokens` and raise `LoopSpecError` for the silent mistakes; return what was measured (see above).
-    `rows`: the numbers of `tokens`' rows in the user's own batch, named in a refusal of its padding."""
+def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
+    "Run `spec` on `tokens` and raise `LoopSpecError` for the silent mistakes; return what was measured (see above)."
     spec = as_spec(spec)
     x = _as_tokens(tokens)
     if targets is None:
@@ -689,43 +708,39 @@ def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3, rows: list =
             "applied to the state itself."
         )
     _memo(spec)['verdict'] = res
-    _check_padding(spec, x, y, hs, ctx, res, rows)  # the data's check, not the spec's: after the verdict is kept
     return res
 
 # %% ../../nbs/03_protocol.ipynb #43a40b1c
-def checked_spec(spec, tokens, targets=None, rows: list = None) -> dict:
+def checked_spec(spec, tokens, targets=None) -> dict:
     "`check_spec`'s verdict, measured once per spec object (a refusal is raised again): the guard of every diagnostic."
     spec, memo = as_spec(spec), _memo(as_spec(spec))
     if 'refused' in memo:
         raise LoopSpecError(memo['refused'])
     if 'verdict' not in memo:
         try:
-            check_spec(spec, tokens, targets, rows=rows)
+            check_spec(spec, tokens, targets)
         except LoopSpecError as e:
-            if 'verdict' not in memo:  # refused for its padding, a spec may still measure other tokens
-                memo['refused'] = str(e)
+            memo['refused'] = str(e)
             raise
     return memo['verdict']
 
 # %% ../../nbs/03_protocol.ipynb #de587ae2
 def _guard_batch(tokens, seq_len: int, device) -> tuple:
-    """(x, y, row numbers) the guard checks: a stream's first two windows; of padded rows, the one with the fewest real
-    tokens and the one with the most."""
-    if not isinstance(tokens, PaddedTokens):
-        return *next(iter(token_windows(tokens, 2, seq_len, 1, device))), None
-    n = tokens.mask.sum(1)
-    rows = [int(n.argmin())] + ([int(n.argmax())] if int(n.argmax()) != int(n.argmin()) else [])
-    return *next(PaddedTokens(tokens.ids[rows], tokens.mask[rows]).windows(2, 1, device)), rows
+    "(x, y) the spec's checks run on: a stream's first two windows, or the guard's rows of padded ones (`_guard_rows`)."
+    if isinstance(tokens, PaddedTokens):
+        rows = _guard_rows(tokens.mask)
+        return next(PaddedTokens(tokens.ids[rows], tokens.mask[rows]).windows(len(rows), 1, device))
+    return next(iter(token_windows(tokens, 2, seq_len, 1, device)))
 
 
 def guarded_spec(obj, tokens, seq_len: int, device='cpu', K: int = None) -> LoopSpec:
     """The spec of `obj` (run for `K` loops if given), checked once per spec object on the first window of `tokens`;
-    padded rows are checked against their unpadded selves every time (their padding may differ from the last)."""
+    padded rows are checked against their tokens alone every time (`padding_rel_diff`: the data's check, not the
+    spec's, so a refusal there leaves the spec usable on other tokens)."""
     spec = as_spec(obj) if K is None else dataclasses.replace(as_spec(obj), K=K)
-    x, y, rows = _guard_batch(tokens, seq_len, device)
-    verdict = checked_spec(spec, x, y, rows=rows)  # raises LoopSpecError, naming the cause, before any expensive work
-    if rows is not None:
-        _check_padding(spec, x, y, *run_loops(spec, x, spec.K), verdict, rows)
+    checked_spec(spec, *_guard_batch(tokens, seq_len, device))  # raises LoopSpecError, naming the cause, before work
+    if isinstance(tokens, PaddedTokens):
+        padding_rel_diff(spec, tokens, device)
     return spec
 
 # %% ../../nbs/03_protocol.ipynb #3da98de4

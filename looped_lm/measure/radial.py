@@ -87,35 +87,36 @@ def _readout_ces(spec, hidden, ctx, y, ce_chunk: int) -> tuple:
     return ces, outs
 
 
-def _objective(ces: list, hidden, loss: str, norm_penalty: float):
-    "The training objective: per-loop (mean over loops) or terminal CE, plus the official norm penalty."
+def _objective(ces: list, hidden, loss: str, norm_penalty: float, measured=None):
+    """The training objective: per-loop (mean over loops) or terminal CE, plus the official norm penalty over the
+    `measured` positions (default: all)."""
     obj = torch.stack(ces).mean() if loss == 'perloop' else ces[-1]
     if norm_penalty > 0:
-        obj = obj + norm_penalty * penalty(hidden)
+        obj = obj + norm_penalty * penalty([h if measured is None else h[measured] for h in hidden])
     return obj
 
 # %% ../../nbs/03b_radial.ipynb #53d6d14b
-def _live_mean(g, h64, measured) -> tuple:
-    """(token mean of the radial fraction over the `measured` positions whose gradient is not zero (None if none is),
-    their mask)."""
+def _live_sum(g, h64, measured) -> tuple:
+    "(sum of the radial fractions of the `measured` positions whose gradient is not zero, their mask)."
     live = (g.abs().amax(-1) > 0) & measured  # a token whose loss does not depend on H_k has no radial fraction at all
-    return (radial_fraction(g, h64, reduce=None)[live].mean().item() if live.any() else None), live
+    return (radial_fraction(g, h64, reduce=None)[live].sum().item() if live.any() else 0.0), live
 
 
 def _radial_loop(spec, k: int, h, ce, o: list, g_obj, acc, lem: dict, measured):
-    """Add loop k+1's measured fractions to its `acc` (readout, objective, whole; batches counted for the readout and
-    the objective; `measured` tokens whose readout gradient is zero: left out, counted) and the lemma's exact one to
-    `lem`."""
+    """Add loop k+1's measured fractions to its `acc` (sums over tokens for the readout, the objective and the whole
+    batch's one cosine, each token weighing the same whatever its batch; the tokens counted; the `measured` tokens
+    whose readout gradient is zero: left out, counted) and the lemma's exact one to `lem`."""
     g, *g_out = torch.autograd.grad(ce, [h, *o], retain_graph=True, allow_unused=True)
     g, h64 = g.double(), h.double()
-    (r, live), (r_obj, _) = _live_mean(g, h64, measured), _live_mean(g_obj.double(), h64, measured)
+    (r, live), (r_obj, live_obj) = _live_sum(g, h64, measured), _live_sum(g_obj.double(), h64, measured)
+    n, n_obj = int(live.sum()), int(live_obj.sum())
     acc[5] += int((measured & ~live).sum())
-    if r is not None:
-        acc[[0, 2, 3]] += [r, radial_fraction(g[live], h64[live], per_token=False).item(), 1]  # whole: one cosine
-    if r_obj is not None:
-        acc[[1, 4]] += [r_obj, 1]
+    if n:  # whole: one cosine over the batch's live tokens, weighted by their number
+        acc[[0, 2, 3]] += [r, n * radial_fraction(g[live], h64[live], per_token=False).item(), n]
+    if n_obj:
+        acc[[1, 4]] += [r_obj, n_obj]
     if rn := readout_norm_at(spec, k + 1, h.dtype):
-        lem['scale'].append(radial_scale(h[measured], *rn))
+        lem['scale'].append((radial_scale(h[measured], *rn), int(measured.sum())))  # (token mean, tokens)
         if (v := _lemma_v(_norm_module(spec, k + 1), o, g_out, h)) is not None:
             rho, t = radial_exact(v, h, *rn)
             measured = radial_fraction(g, h64, reduce=None)
@@ -129,7 +130,8 @@ def _radial_row(k, acc, lem, through_loops, dtypes) -> dict:
     mean = lambda i, n: float(acc[i] / acc[n]) if acc[n] else None
     row = dict(k=k, readout=mean(0, 3), readout_whole=mean(2, 3), zero_grad_tokens=int(acc[5]))
     row['objective'] = mean(1, 4) if through_loops else None
-    row['scale'] = float(np.mean(lem['scale'])) if lem['scale'] else None
+    means, tokens = zip(*lem['scale']) if lem['scale'] else ((), ())
+    row['scale'] = float(np.average(means, weights=tokens)) if means else None  # a token mean
     ok = lem['rho'] and len(lem['rho']) == len(lem['scale'])  # every batch had its v
     rho, ratio = (np.concatenate(lem[c]) if ok else None for c in ('rho', 'ratio'))
     row['exact'] = float(rho.mean()) if ok else None
@@ -185,8 +187,8 @@ def radial_fractions(
                 dtypes.update(readout_dtypes(spec, hidden[-1], ctx, K))
             dtypes.update(str(h.dtype).replace('torch.', '') for h in hidden)
             ces, outs = _readout_ces(spec, hidden, ctx, y, ce_chunk)
-            g_obj = torch.autograd.grad(_objective(ces, hidden, loss, norm_penalty), hidden, retain_graph=True)
             at = measured_positions(hidden[0], y)
+            g_obj = torch.autograd.grad(_objective(ces, hidden, loss, norm_penalty, at), hidden, retain_graph=True)
             for k, (h, ce, o) in enumerate(zip(hidden, ces, outs)):
                 _radial_loop(spec, k, h, ce, o, g_obj[k], acc[k], lem[k], at)
             del hidden, ces, outs
