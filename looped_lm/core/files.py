@@ -9,7 +9,7 @@ import contextlib, errno, hashlib, importlib.util, json, os, re, secrets, socket
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['WriteError', 'fsync', 'LockedError', 'source_hash', 'code_record']
+__all__ = ['WriteError', 'fsync', 'read_json_lines', 'LockedError', 'source_hash', 'code_record']
 
 # %% ../../nbs/00a_files.ipynb #af08cf86
 class WriteError(OSError):
@@ -100,6 +100,23 @@ def write_atomic(p, data, first_wins: bool = False):
     "Write `data` (bytes or str) to `p` all at once or not at all; `first_wins`: keep a `p` another writer made first."
     with atomic_writer(p, first_wins) as f:
         f.write(data.encode() if isinstance(data, str) else data)
+
+# %% ../../nbs/00a_files.ipynb #8799758e
+def read_json_lines(p) -> list:
+    "The JSON objects of the JSON-lines file `p`, in order (an unreadable file: none; a damaged line: skipped)."
+    try:
+        lines = Path(p).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    out = []
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict):
+            out.append(r)
+    return out
 
 # %% ../../nbs/00a_files.ipynb #f2cefe11
 _TMP_PID = re.compile(r'\.(\d+)\.[0-9a-f]+\.tmp$')

@@ -32,7 +32,7 @@ from looped_lm.studies.runner import (
 )
 from safetensors.torch import load_model
 from ..training.data import prepare_data
-from ..core.files import write_atomic, dir_lock
+from ..core.files import write_atomic, dir_lock, read_json_lines
 from ..model.looped import LoopedLM, LoopedLMConfig
 from ..training.rundir import RunDirError, run_status, latest_checkpoint, verify_checkpoint
 from ..measure.halting import loop_scores, adaptive_halting
@@ -494,20 +494,8 @@ def measure_checkpoint(ckpt_dir, cfg: ExperimentConfig, data, tokens: int, radia
 
 # %% ../../nbs/06c_horizon.ipynb #90b5bd79
 def read_records(path) -> list:
-    "The records of a run's `horizon.jsonl` (a missing file: none; a damaged line is skipped)."
-    try:
-        lines = Path(path).read_text().splitlines()
-    except (OSError, UnicodeDecodeError):
-        return []
-    out = []
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(r, dict) and isinstance(r.get('step'), int):
-            out.append(r)
-    return out
+    "The records of a run's `horizon.jsonl` (a missing file: none; a damaged line or one without a step is skipped)."
+    return [r for r in read_json_lines(path) if isinstance(r.get('step'), int)]
 
 # %% ../../nbs/06c_horizon.ipynb #f281ed17
 def put_record(path, rec: dict):

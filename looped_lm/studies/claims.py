@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 from ..measure.protocol import CLAMPS
 from ..measure.radial import unaligned_cos
-from ..core.files import write_atomic
+from ..core.files import write_atomic, read_json_lines
 from ..core.config import format_number
 from ..measure.diagnostics import HEAVY_TAIL_HILL
 from ..measure.diagnostics import radial_scale_of
@@ -458,8 +458,7 @@ def longer_records(choice: dict) -> list:
     "The last checkpoint of each longer run of the chosen setting, as run records (variant, seed, status, diag, step)."
     last = {}
     for f in sorted((Path(choice['root']) / choice['longer_runs']['records']).glob('*.jsonl')):
-        for line in f.read_text().splitlines():
-            r = json.loads(line)
+        for r in read_json_lines(f):  # the horizon study's records (`extensions.horizon.read_records` reads the same)
             key = (r['variant'], r['seed'])
             if math.isclose(r['lr'], choice['longer_runs']['lr']) and r['step'] >= last.get(key, {}).get('step', -1):
                 last[key] = dict(variant=r['variant'], seed=r['seed'], status='done', diag=r['diag'], step=r['step'])
