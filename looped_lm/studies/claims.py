@@ -227,13 +227,14 @@ def _c7(m, names):
 # %% ../../nbs/04c_claims.ipynb #335e194b
 @dataclass(frozen=True)
 class Claim:
-    "A claim: title, statement (its margins read from `MARGINS`), test, per-loop variants only, measures it shows."
+    "A claim: title, statement, test, per-loop variants only, measures it shows, the keys of `MARGINS` it reads."
 
     title: str
     statement: str
     test: Callable
     per_loop: bool
     measures: tuple  # shown per variant; a key ending in @ names a family (ppl@1, ppl@2, ...)
+    margins: tuple = ()  # what its statement and test read: a preset chosen on one of them selects the claim
 
 
 def _m(key: str, form: str = 'g') -> str:
@@ -250,6 +251,7 @@ CLAIMS = {
         _c1,
         False,
         ('mean', 'growth none'),
+        ('drift',),
     ),
     'C2': Claim(
         'blind spot',
@@ -258,6 +260,7 @@ CLAIMS = {
         _c2,
         False,
         ('radial', 'radial scale', 'width'),
+        ('blind_normalized', 'blind_raw'),
     ),
     'C3': Claim(
         'K-invariance',
@@ -266,6 +269,7 @@ CLAIMS = {
         _c3,
         True,
         ('gain',),
+        ('depth', 'depth_min'),
     ),
     'C4a': Claim(
         'clamp freeze_loop1',
@@ -273,6 +277,7 @@ CLAIMS = {
         _c4('freeze_loop1'),
         True,
         ('clamp freeze_loop1', 'growth freeze_loop1', 'growth none'),
+        ('clamp',),
     ),
     'C4b': Claim(
         'clamp remove_radial',
@@ -280,6 +285,7 @@ CLAIMS = {
         _c4('remove_radial'),
         True,
         ('clamp remove_radial', 'growth remove_radial', 'growth none'),
+        ('clamp',),
     ),
     'C5a': Claim(
         'per-token scale',
@@ -287,6 +293,7 @@ CLAIMS = {
         _c5a,
         False,
         ('median',),
+        ('drift',),
     ),
     'C5b': Claim(
         'tail shape',
@@ -302,6 +309,7 @@ CLAIMS = {
         _c6,
         True,
         ('ppl@',),
+        ('frontier',),
     ),
     'C7': Claim(
         'halting',
@@ -310,6 +318,7 @@ CLAIMS = {
         _c7,
         True,
         ('halt loops', 'halt PPL ratio'),
+        ('halting',),
     ),
 }
 CHECKS = {  # numerical checks beside the claims: identities that test our measurement, not a training outcome
@@ -320,6 +329,7 @@ CHECKS = {  # numerical checks beside the claims: identities that test our measu
         _l1,
         False,
         ('radial exact', 'lemma ratio', 'lemma ratio p05', 'lemma ratio p95', '|cot| median'),
+        ('lemma_low', 'lemma_high'),
     ),
 }
 
@@ -419,18 +429,7 @@ def claim_set(records, names: list) -> dict:
 
 # %% ../../nbs/04c_claims.ipynb #cb30ac4b
 CHOICE_RECORD = Path('figures/preset-choice/choice.json')  # per preset: what it was chosen on, its longer runs
-CLAIM_MARGINS = dict(  # the margins of `MARGINS` each claim reads: a preset chosen on one selects the claim
-    C1=('drift',),
-    C2=('blind_normalized', 'blind_raw'),
-    C3=('depth', 'depth_min'),
-    C4a=('clamp',),
-    C4b=('clamp',),
-    C5a=('drift',),
-    C5b=(),
-    C6=('frontier',),
-    C7=('halting',),
-    L1=('lemma_low', 'lemma_high'),
-)
+CLAIM_MARGINS = {n: c.margins for n, c in {**CLAIMS, **CHECKS}.items()}  # each claim's margins (`Claim.margins`)
 
 
 def preset_choice(preset: str, root=None) -> dict | None:
