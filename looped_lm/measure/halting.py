@@ -173,7 +173,7 @@ def _dynamic_ce(spec, x, y, rule, ce_chunk=0):
         h = spec.step(h, ctx, k)
         done, ce = [], []
         for rows, lg in readout_pieces(
-            spec, h, ctx, k, ce_chunk
+            spec, h, ctx, k, ce_chunk, x.shape[1]
         ):  # one readout a loop: the exit rule and the CE read the same logits
             live = y[rows] != IGNORE_INDEX  # a sequence's score: the mean over its scored targets
             done.append(rule(lg, k, live) if k < spec.K else torch.ones(len(lg), dtype=torch.bool, device=lg.device))
@@ -188,7 +188,7 @@ def _dynamic_ce(spec, x, y, rule, ce_chunk=0):
         keep = ~done
         if not keep.any():
             break
-        h, ctx, y = h[keep], slice_context(spec, ctx, keep, h), y[keep]
+        h, ctx, y = h[keep], slice_context(spec, ctx, keep, h, x.shape[1]), y[keep]
     return tot, loops
 
 # %% ../../nbs/03a_halting.ipynb #cc406770

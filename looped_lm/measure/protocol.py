@@ -199,7 +199,6 @@ def run_loops(spec, tokens, k: int, clamp: str = 'none', grad: bool = False) -> 
     if clamp != 'none' and (why := clamp_refusal(spec)):
         raise LoopSpecError(f"{spec.name} cannot be clamped: {why}")
     tokens = _as_tokens(tokens)
-    _memo(spec)['tokens_len'] = tokens.shape[1]  # the context probe builds contexts of this length
     with torch.set_grad_enabled(grad):
         h, ctx = call_user(spec, 'init', 0, tokens)
         hidden, rms1 = [], None
@@ -273,15 +272,16 @@ def context_layout(spec, seq_len: int, device='cpu', n_leaves: int = None) -> li
     return layouts[n_leaves]
 
 # %% ../../nbs/03_protocol.ipynb #b3f4c22c
-def slice_context(spec, ctx, rows, like: torch.Tensor):
-    "The context of the sequences `rows` (slice or bool mask) of the batch whose states are `like` (B, T, ...)."
+def slice_context(spec, ctx, rows, like: torch.Tensor, seq_len: int = None):
+    """The context of the sequences `rows` (slice or bool mask) of the batch whose states are `like` (B, P, ...), made
+    from tokens of length `seq_len` (default P; a state may hold more positions than tokens: register tokens)."""
     spec = as_spec(spec)
     if spec.slice_ctx is not None:
         return spec.slice_ctx(ctx, rows)
-    n = len(_leaves(ctx))  # contexts of the tokens' length (a state may hold more positions: register tokens)
-    layout = context_layout(spec, _memo(spec).get('tokens_len', like.shape[1]), like.device, None)
+    n, seq_len = len(_leaves(ctx)), seq_len or like.shape[1]  # the probe builds contexts of the tokens' length
+    layout = context_layout(spec, seq_len, like.device, None)
     if n != len(layout):  # a context the loop grows: probed through the steps that give it n tensors
-        layout = context_layout(spec, _memo(spec).get('tokens_len', like.shape[1]), like.device, n)
+        layout = context_layout(spec, seq_len, like.device, n)
     per_seq = iter(layout)
 
     def take(c):
@@ -400,20 +400,21 @@ def readout_norm_at(spec, k: int, dtype=torch.float32):
     )
 
 # %% ../../nbs/03_protocol.ipynb #0fd01b2e
-def readout_pieces(spec, h, ctx, k, chunk: int):
-    "(rows, logits) of the readout of `h` at loop `k`, `chunk` tokens at a time (whole sequences; 0: all at once)."
+def readout_pieces(spec, h, ctx, k, chunk: int, seq_len: int = None):
+    """(rows, logits) of the readout of `h` at loop `k`, `chunk` tokens at a time (whole sequences; 0: all at once);
+    `seq_len`: the length of the tokens the context was made from (`slice_context`)."""
     B, T = h.shape[:2]
     per = B if chunk <= 0 else max(1, chunk // T)
     for i in range(0, B, per):
         rows = slice(i, min(B, i + per))
-        yield rows, spec.readout(h[rows], ctx if per >= B else slice_context(spec, ctx, rows, h), k)
+        yield rows, spec.readout(h[rows], ctx if per >= B else slice_context(spec, ctx, rows, h, seq_len), k)
 
 # %% ../../nbs/03_protocol.ipynb #2394be30
 def token_ce(spec, h, ctx, k, y, chunk: int = 0, scores=None):
     """Per-token CE (B, T) of the loop-`k` readout of `h` against `y`; with `scores` (logits -> {name: per-token
     score}, e.g. `halting.halting_scores`), also each token's scores: (ce, {name: (B, T)})."""
     ce, sc = None, {}
-    for rows, logits in readout_pieces(spec, h, ctx, k, chunk):
+    for rows, logits in readout_pieces(spec, h, ctx, k, chunk, y.shape[1]):  # y: one target per token
         lg = logits if logits.dtype == torch.float64 else logits.float()  # float64 stays: radial fractions need it
         if ce is None:
             ce = torch.empty(y.shape, dtype=lg.dtype, device=y.device)
@@ -561,12 +562,12 @@ def _check_states(spec, x, hs, res):
         )
 
 # %% ../../nbs/03_protocol.ipynb #75fed861
-def _check_rows(spec, hs, ctx, res):
+def _check_rows(spec, hs, ctx, res, seq_len: int):
     "One sequence's readout (and step) with its sliced context must equal its row of the whole batch's."
     if hs[0].shape[0] < 2:
         return
     K, rows = spec.K, slice(0, 1)
-    part = slice_context(spec, ctx, rows, hs[-1])
+    part = slice_context(spec, ctx, rows, hs[-1], seq_len)
     with torch.no_grad():
         one = call_user(spec, 'readout', K, hs[-1][rows], part, K)  # one sequence, with its part of the context
         d = _rel_diff(one, call_user(spec, 'readout', K, hs[-1], ctx, K)[rows])
@@ -697,7 +698,7 @@ def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
     K, res = spec.K, dict(name=spec.name, state=spec.state, K=spec.K)
     hs, ctx = run_loops(spec, x, K)
     _check_states(spec, x, hs, res)
-    _check_rows(spec, hs, ctx, res)
+    _check_rows(spec, hs, ctx, res, x.shape[1])
     _check_readout(spec, hs, ctx, y, res)
     _check_exits(spec, x, hs, ctx, res)
     res['scale_invariant'], res['answer'] = _scale_answer(res['scale'], scale_tol, res['turned_ce'])
