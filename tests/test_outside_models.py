@@ -225,6 +225,37 @@ def test_trm_diagnostics_equal_the_recomputation(trm):
         assert rel(row['readout'], frac) < 1e-9
 
 
+def trm_keyed(m, K: int) -> LoopSpec:
+    "TinyRecursiveModel described as a user would with `state_key`: the pair (y, z) is the state, y is measured."
+    R = m.register_tokens.shape[0]
+
+    def init(t):
+        inputs, _ = m.embed_inputs_with_registers(t)
+        return dict(zip('yz', (v.expand_as(inputs) for v in m.get_initial()))), inputs
+
+    def step(s, inputs, k):
+        y, z = s['y'], s['z']
+        for _ in range(m.num_refinement_blocks):
+            y, z = m.refine_latent_then_output_once(inputs, y, z)
+        return dict(y=y, z=z)
+
+    return LoopSpec(init, step, lambda s, inputs, k: m.to_pred(s['y'][:, R:]), K, 'TRM keyed', 'the answer y',
+                    modules=(m,), state_key='y')  # fmt: skip
+
+
+def test_trm_with_a_keyed_state_gives_the_numbers_of_the_hand_written_spec(trm):
+    "The pair as the state (state_key='y') against the chapter's spec (y the state, z in the context): equal numbers."
+    m, _ = trm
+    ids = IDS[: BATCH * BATCHES * SEQ + 1]
+    for fn in (eval_exits, token_norms, radial_fractions):
+        a, b = fn(trm_keyed(m, 3), ids, BATCH, SEQ), fn(from_tiny_recursive(m, 3), ids, BATCH, SEQ)
+        if fn is token_norms:
+            np.testing.assert_array_equal(a, b)
+        else:
+            for ra, rb in zip(a, b):
+                assert {c: v for c, v in ra.items() if c != 'name'} == {c: v for c, v in rb.items() if c != 'name'}
+
+
 # ------------------------------------------------- a loop over blocks of the sequence: refused before any work
 
 

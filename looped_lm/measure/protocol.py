@@ -44,6 +44,7 @@ class LoopSpec:
     readout_norm: object = None  # the norm the readout applies to H_k itself (nn.RMSNorm, nn.LayerNorm, or k -> one)
     slice_ctx: Callable = None  # optional: (context, rows) -> the context of those sequences (default: probed)
     exits: Callable = None  # optional: (tokens, k) -> the model's own logits at exit k, which the readouts must equal
+    state_key: object = None  # a state of several tensors (tuple or dict): the index or key of H_k, the one measured
 
     def __post_init__(self):
         for n in ('init', 'step', 'readout'):
@@ -100,11 +101,87 @@ def from_looped_lm(model: LoopedLM) -> LoopSpec:
         ),
     )
 
+# %% ../../nbs/03_protocol.ipynb #6b44b681
+def _with_state(state, key, h):
+    "The state `state` (tuple, list, named tuple or dict) with its entry `key` (a named tuple's: or its name) now `h`."
+    if isinstance(state, dict):
+        return {**state, key: h}
+    if isinstance(key, str) and hasattr(state, '_fields'):
+        return state._replace(**{key: h})
+    vals = list(state)
+    vals[key] = h
+    return type(state)(*vals) if hasattr(state, '_fields') else type(state)(vals)
+
+
+def _held(state) -> str:
+    "What a state holds, in words: a dict's keys, a named tuple's names, a tuple's length, or its type."
+    if isinstance(state, dict) or hasattr(state, '_fields'):
+        return str(list(state) if isinstance(state, dict) else list(state._fields))
+    return f"{len(state)} entries" if isinstance(state, (tuple, list)) else type(state).__name__
+
+
+def _entry(spec, state, fn: str, k: int) -> torch.Tensor:
+    "`state[spec.state_key]`, the tensor measured, of the state `fn` returned at loop `k`; refused if it is none."
+    key = spec.state_key
+    try:
+        if isinstance(key, str) and hasattr(state, '_fields'):
+            h = getattr(state, key)
+        else:
+            h = state[key] if isinstance(state, (dict, tuple, list)) else None
+    except (KeyError, IndexError, TypeError, AttributeError):
+        h = None
+    if not isinstance(h, torch.Tensor):
+        raise LoopSpecError(
+            f"{spec.name}: state_key={key!r} names no tensor of the state {fn} returned at k={k} (it holds "
+            f"{_held(state)}); name the tensor to measure: a key of a dict state, a name or index of a tuple one."
+        )
+    return h
+
+# %% ../../nbs/03_protocol.ipynb #8991eb25
+def _keyed(u: LoopSpec) -> LoopSpec:
+    """The plain spec of `u`, whose state is several tensors: H_k = state[state_key]; each loop's whole state rides in
+    the context, and step and readout get it back with H_k (perhaps scaled or clamped) in its place."""
+
+    def init(t):
+        s0, ctx = u.init(t)
+        return _entry(u, s0, 'init', 0), dict(user=ctx, states=[s0])
+
+    def step(h, c, k):
+        new = u.step(_with_state(c['states'][k - 1], u.state_key, h), c['user'], k)
+        c['states'][k:] = [new]
+        return _entry(u, new, 'step', k)
+
+    def readout(h, c, k):
+        return u.readout(_with_state(c['states'][k], u.state_key, h), c['user'], k)
+
+    def slice_ctx(c, rows):  # the user's context as the user slices it; the states, batch first, by rows
+        take = lambda s: {n: v[rows] for n, v in s.items()} if isinstance(s, dict) else _with_rows(s, rows)
+        return dict(user=u.slice_ctx(c['user'], rows), states=[take(s) for s in c['states']])
+
+    return dataclasses.replace(u, init=init, step=step, readout=readout, state_key=None,
+                               slice_ctx=slice_ctx if u.slice_ctx is not None else None)  # fmt: skip
+
+
+def _with_rows(state, rows):
+    "A tuple state's tensors, each cut to the sequences `rows`."
+    vals = [v[rows] for v in state]
+    return type(state)(*vals) if hasattr(state, '_fields') else type(state)(vals)
+
+
+def keyed_spec(spec: LoopSpec) -> LoopSpec:
+    "`spec` as a spec of one state tensor (`_keyed`), made once per spec object and again if a field changed."
+    fields = tuple(getattr(spec, f) for f in spec.__dataclass_fields__)
+    old = spec.__dict__.get('_keyed')
+    if old is None or any(a is not b for a, b in zip(old[0], fields)):
+        spec.__dict__['_keyed'] = old = (fields, _keyed(spec))
+    return old[1]
+
 # %% ../../nbs/03_protocol.ipynb #01ebec23
 def as_spec(model_or_spec) -> LoopSpec:
-    "A `LoopSpec` as is; a `LoopedLM` (also compiled or DDP-wrapped) through `from_looped_lm`; else refused."
+    """A `LoopSpec` as is (one of several state tensors through `keyed_spec`); a `LoopedLM` (also compiled or
+    DDP-wrapped) through `from_looped_lm`; else refused."""
     if isinstance(model_or_spec, LoopSpec):
-        return model_or_spec
+        return model_or_spec if model_or_spec.state_key is None else keyed_spec(model_or_spec)
     inner = getattr(model_or_spec, '_orig_mod', None) or getattr(model_or_spec, 'module', None)
     if isinstance(inner, LoopedLM):
         return from_looped_lm(inner)
@@ -206,8 +283,8 @@ def run_loops(spec, tokens, k: int, clamp: str = 'none', grad: bool = False) -> 
             h = call_user(spec, 'step', j, h, ctx, j)
             if not isinstance(h, torch.Tensor):
                 raise LoopSpecError(
-                    f"{spec.name}: step {j} returned a {type(h).__name__}, not the state tensor; keep the other "
-                    "tensors of the state in the context (one entry per loop) and return the one to measure."
+                    f"{spec.name}: step {j} returned a {type(h).__name__}, not the state tensor; for a state of "
+                    "several tensors, name the one to measure with LoopSpec(state_key=...)."
                 )
             if j == 1:
                 _refuse_sequence_blocks(spec, h, tokens)
