@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch, torch.nn as nn
 
-from looped_lm.measure.protocol import LoopSpec, LoopSpecError, run_loops
+from looped_lm.measure.protocol import LoopSpec, LoopSpecError, check_spec, run_loops
 from looped_lm.measure.diagnostics import diagnose
 
 V, D, K = 37, 12, 3
@@ -116,3 +116,46 @@ def test_a_key_the_state_does_not_hold_is_refused_before_measuring(model):
     pair_without_key = dataclasses.replace(keyed(model), state_key=None)
     with pytest.raises(LoopSpecError, match=r'name the one to measure with LoopSpec\(state_key=...\)'):
         run_loops(pair_without_key, ids[:16], K)
+
+
+def test_a_tuple_state_of_k_plus_one_tensors_is_not_taken_for_hugging_face_hidden_states():
+    "Three same-shaped tensors at K=2 with the first measured: the states kept per loop are not a K+1 state list."
+    torch.manual_seed(3)
+    emb, lin, head = nn.Embedding(V, D), nn.Linear(3 * D, D), nn.Linear(D, V)
+
+    def step(s, c, k):
+        a, b, e = s
+        b = b + torch.tanh(lin(torch.cat([a, b, e], -1)))
+        return a + b, b, e
+
+    spec = LoopSpec(lambda t: ((emb(t), torch.zeros(*t.shape, D), emb(t)), None), step, lambda s, c, k: head(s[0]),
+                    2, 'triple', state='a', modules=(emb, lin, head), state_key=0)  # fmt: skip
+    assert len(check_spec(spec, torch.randint(0, V, (2, 6)))['ce']) == 2
+
+
+def test_a_state_with_a_counter_and_the_users_slice_ctx(model):
+    "A state holding a plain number beside the tensors, and a slice_ctx of the user's own: sliced, and checked."
+    base = keyed(model)
+    spec = dataclasses.replace(
+        base,
+        init=lambda t: (dict(base.init(t)[0], n=0), None),
+        step=lambda s, c, k: dict(base.step(s, c, k), n=s['n'] + 1),
+        slice_ctx=lambda c, rows: c,  # the user's context is None: nothing of it to cut
+    )
+    res = check_spec(spec, torch.randint(0, V, (3, 9)))
+    assert res['slice_rel_diff'] < 1e-6
+
+
+def test_a_trace_of_whole_states_is_read_at_the_key(model):
+    "A trace (the model's own forward) may give whole states, as init and step do: compared at state_key."
+    base = keyed(model)
+
+    def trace(t):
+        y, z, out = model.emb(t), torch.zeros(*t.shape, D), []
+        for _ in range(K):
+            y, z = model.refine(y, z)
+            out.append(dict(y=y, z=z))
+        return out
+
+    res = check_spec(dataclasses.replace(base, trace=trace), torch.randint(0, V, (2, 9)))
+    assert res['forward_rel_diff'] == 0.0

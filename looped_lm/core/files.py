@@ -102,20 +102,25 @@ def write_atomic(p, data, first_wins: bool = False):
         f.write(data.encode() if isinstance(data, str) else data)
 
 # %% ../../nbs/00a_files.ipynb #8799758e
-def read_json_lines(p) -> list:
-    "The JSON objects of the JSON-lines file `p`, in order (an unreadable file: none; a damaged line: skipped)."
+def read_json_lines(p, strict: bool = False) -> list:
+    """The JSON objects of the JSON-lines file `p`, in order: an unreadable file gives none and a damaged line is
+    skipped, or (`strict`, for committed records a verdict is read from) refused with the line named."""
     try:
         lines = Path(p).read_text().splitlines()
     except (OSError, UnicodeDecodeError):
+        if strict:
+            raise
         return []
     out = []
-    for line in lines:
+    for i, line in enumerate(lines, 1):
         try:
             r = json.loads(line)
         except ValueError:
-            continue
+            r = None
         if isinstance(r, dict):
             out.append(r)
+        elif strict and line.strip():
+            raise ValueError(f"{p}, line {i}, is not a JSON object: the file is damaged; restore it (git checkout).")
     return out
 
 # %% ../../nbs/00a_files.ipynb #f2cefe11

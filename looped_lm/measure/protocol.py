@@ -138,13 +138,29 @@ def _entry(spec, state, fn: str, k: int) -> torch.Tensor:
     return h
 
 # %% ../../nbs/03_protocol.ipynb #8991eb25
+class KeyedContext(dict):
+    "The context of a keyed spec: the user's own (`user`) and each loop's whole state (`states`, from loop 0)."
+
+
+def _rows_of_state(state, batch: int, rows):
+    "`state` with each tensor whose first dimension is the batch (`batch` long) cut to `rows`; the rest kept as is."
+    if isinstance(state, torch.Tensor):
+        return state[rows] if state.dim() and state.shape[0] == batch else state
+    if isinstance(state, dict):
+        return {n: _rows_of_state(v, batch, rows) for n, v in state.items()}
+    if isinstance(state, (tuple, list)):
+        vals = [_rows_of_state(v, batch, rows) for v in state]
+        return type(state)(*vals) if hasattr(state, '_fields') else type(state)(vals)
+    return state
+
+
 def _keyed(u: LoopSpec) -> LoopSpec:
     """The plain spec of `u`, whose state is several tensors: H_k = state[state_key]; each loop's whole state rides in
     the context, and step and readout get it back with H_k (perhaps scaled or clamped) in its place."""
 
     def init(t):
         s0, ctx = u.init(t)
-        return _entry(u, s0, 'init', 0), dict(user=ctx, states=[s0])
+        return _entry(u, s0, 'init', 0), KeyedContext(user=ctx, states=[s0])
 
     def step(h, c, k):
         new = u.step(_with_state(c['states'][k - 1], u.state_key, h), c['user'], k)
@@ -154,18 +170,16 @@ def _keyed(u: LoopSpec) -> LoopSpec:
     def readout(h, c, k):
         return u.readout(_with_state(c['states'][k], u.state_key, h), c['user'], k)
 
-    def slice_ctx(c, rows):  # the user's context as the user slices it; the states, batch first, by rows
-        take = lambda s: {n: v[rows] for n, v in s.items()} if isinstance(s, dict) else _with_rows(s, rows)
-        return dict(user=u.slice_ctx(c['user'], rows), states=[take(s) for s in c['states']])
+    def slice_ctx(c, rows):  # the user's context as the user slices it; in each state, what follows the batch
+        cut = lambda s: _rows_of_state(s, _entry(u, s, 'step', 0).shape[0], rows)
+        return KeyedContext(user=u.slice_ctx(c['user'], rows), states=[cut(s) for s in c['states']])
+
+    def trace(t):  # the model's own states: the measured tensor of each, if it gives whole states
+        return [h if isinstance(h, torch.Tensor) else _entry(u, h, 'trace', k) for k, h in enumerate(u.trace(t), 1)]
 
     return dataclasses.replace(u, init=init, step=step, readout=readout, state_key=None,
-                               slice_ctx=slice_ctx if u.slice_ctx is not None else None)  # fmt: skip
-
-
-def _with_rows(state, rows):
-    "A tuple state's tensors, each cut to the sequences `rows`."
-    vals = [v[rows] for v in state]
-    return type(state)(*vals) if hasattr(state, '_fields') else type(state)(vals)
+                               slice_ctx=slice_ctx if u.slice_ctx is not None else None,
+                               trace=trace if u.trace is not None else None)  # fmt: skip
 
 
 def keyed_spec(spec: LoopSpec) -> LoopSpec:
@@ -566,6 +580,8 @@ def _scale_answer(scale, tol, turned_ce: float = None):
 # %% ../../nbs/03_protocol.ipynb #e1360aae
 def _hf_shifted(ctx, h1, K) -> bool:
     "Whether step 1 returned the first of K+1 states held in the context (Hugging Face hidden states: embedding first)."
+    if isinstance(ctx, KeyedContext):  # a keyed spec's own record of its states is not a list of hidden states
+        return _hf_shifted(ctx['user'], h1, K)
     if isinstance(ctx, dict):
         return any(_hf_shifted(v, h1, K) for v in ctx.values())
     if isinstance(ctx, (list, tuple)):

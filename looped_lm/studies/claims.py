@@ -457,7 +457,7 @@ def longer_records(choice: dict) -> list:
     "The last checkpoint of each longer run of the chosen setting, as run records (variant, seed, status, diag, step)."
     last = {}
     for f in sorted((Path(choice['root']) / choice['longer_runs']['records']).glob('*.jsonl')):
-        for r in read_json_lines(f):  # the horizon study's records (`extensions.horizon.read_records` reads the same)
+        for r in read_json_lines(f, strict=True):  # committed records: a damaged line is refused, never skipped
             key = (r['variant'], r['seed'])
             if math.isclose(r['lr'], choice['longer_runs']['lr']) and r['step'] >= last.get(key, {}).get('step', -1):
                 last[key] = dict(variant=r['variant'], seed=r['seed'], status='done', diag=r['diag'], step=r['step'])
