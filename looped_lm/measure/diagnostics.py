@@ -377,13 +377,13 @@ def _clamp_sums(spec, x, y, run, acc: dict, ce_chunk: int) -> int:
     """Add one window's per-loop sums (CE, L2 norm, RMS of H_k) under each clamp mode of `run` to `acc[mode]`; return
     the number of state positions summed (`protocol.measured_positions`: more than the targets where the state holds
     register tokens, fewer where a padded batch has padding)."""
-    n_pos = n_scored(y)
+    n_pos = 0  # the same for every mode: the clamps change the states, not their positions
     for m in run:
         hidden, ctx = run_loops(spec, x, spec.K, clamp=m)
         at = measured_positions(hidden[0], y)
+        n_pos = int(at.sum())
         for k, h in enumerate(hidden, 1):
             l2 = torch.linalg.vector_norm(h.double(), dim=-1)[at]
-            n_pos = l2.numel()
             acc[m][k - 1] += [
                 token_ce(spec, h, ctx, k, y, ce_chunk).double().sum().item(),
                 l2.sum().item(),

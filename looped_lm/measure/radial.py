@@ -96,10 +96,9 @@ def _objective(ces: list, hidden, loss: str, norm_penalty: float, measured=None)
     return obj
 
 # %% ../../nbs/03b_radial.ipynb #53d6d14b
-def _live_sum(g, h64, measured) -> tuple:
-    "(sum of the radial fractions of the `measured` positions whose gradient is not zero, their mask)."
-    live = (g.abs().amax(-1) > 0) & measured  # a token whose loss does not depend on H_k has no radial fraction at all
-    return (radial_fraction(g, h64, reduce=None)[live].sum().item() if live.any() else 0.0), live
+def _live(g, measured):
+    "The `measured` positions whose gradient `g` is not zero: a token whose loss ignores H_k has no radial fraction."
+    return (g.abs().amax(-1) > 0) & measured
 
 
 def _radial_loop(spec, k: int, h, ce, o: list, g_obj, acc, lem: dict, measured):
@@ -107,20 +106,19 @@ def _radial_loop(spec, k: int, h, ce, o: list, g_obj, acc, lem: dict, measured):
     batch's one cosine, each token weighing the same whatever its batch; the tokens counted; the `measured` tokens
     whose readout gradient is zero: left out, counted) and the lemma's exact one to `lem`."""
     g, *g_out = torch.autograd.grad(ce, [h, *o], retain_graph=True, allow_unused=True)
-    g, h64 = g.double(), h.double()
-    (r, live), (r_obj, live_obj) = _live_sum(g, h64, measured), _live_sum(g_obj.double(), h64, measured)
+    g, g_obj, h64 = g.double(), g_obj.double(), h.double()
+    frac, live, live_obj = radial_fraction(g, h64, reduce=None), _live(g, measured), _live(g_obj, measured)
     n, n_obj = int(live.sum()), int(live_obj.sum())
     acc[5] += int((measured & ~live).sum())
     if n:  # whole: one cosine over the batch's live tokens, weighted by their number
-        acc[[0, 2, 3]] += [r, n * radial_fraction(g[live], h64[live], per_token=False).item(), n]
+        acc[[0, 2, 3]] += [frac[live].sum().item(), n * radial_fraction(g[live], h64[live], per_token=False).item(), n]
     if n_obj:
-        acc[[1, 4]] += [r_obj, n_obj]
+        acc[[1, 4]] += [radial_fraction(g_obj, h64, reduce=None)[live_obj].sum().item(), n_obj]
     if rn := readout_norm_at(spec, k + 1, h.dtype):
         lem['scale'].append((radial_scale(h[measured], *rn), int(measured.sum())))  # (token mean, tokens)
         if (v := _lemma_v(_norm_module(spec, k + 1), o, g_out, h)) is not None:
             rho, t = radial_exact(v, h, *rn)
-            measured = radial_fraction(g, h64, reduce=None)
-            for c, a in (('rho', rho), ('ratio', measured / rho), ('t', t)):
+            for c, a in (('rho', rho), ('ratio', frac / rho), ('t', t)):
                 lem[c].append(a[live].detach().cpu().numpy().ravel())
 
 # %% ../../nbs/03b_radial.ipynb #7769abfa
