@@ -37,12 +37,8 @@ def sequences(seed=0):
 
 
 def padded(seqs, side='right', width=33):
-    "`seqs` padded with PAD to `width` on `side`, with their mask."
-    ids, mask = torch.full((len(seqs), width), PAD), torch.zeros(len(seqs), width, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        cols = slice(0, len(s)) if side == 'right' else slice(width - len(s), width)
-        ids[i, cols], mask[i, cols] = s, 1
-    return PaddedTokens(ids, mask)
+    "`seqs` padded with PAD to `width` on `side`, with their mask (every number below is compared with `seqs` alone)."
+    return PaddedTokens.pad(seqs, side, PAD, width)
 
 
 @pytest.fixture(scope='module')

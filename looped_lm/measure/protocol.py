@@ -432,6 +432,22 @@ class PaddedTokens:
         self.mask = m.bool().to(self.ids.device)
         _real_runs(self.mask)
 
+    @classmethod
+    def pad(cls, seqs, side: str = 'right', pad_id: int = 0, width: int = None) -> PaddedTokens:
+        "Sequences of ids (each 1-D) padded with `pad_id` on `side` to `width` (default: the longest), with their mask."
+        seqs = [torch.as_tensor(np.asarray(s) if not isinstance(s, torch.Tensor) else s).long() for s in seqs]
+        width = width or max(len(s) for s in seqs)
+        if side not in ('right', 'left') or any(s.dim() != 1 or len(s) > width for s in seqs):
+            raise LoopSpecError(
+                f"PaddedTokens.pad takes 1-D sequences of at most width={width} tokens and side 'right' or 'left', "
+                f"got side={side!r} and shapes {[tuple(s.shape) for s in seqs]}."
+            )
+        ids, mask = torch.full((len(seqs), width), pad_id), torch.zeros(len(seqs), width, dtype=torch.bool)
+        for i, s in enumerate(seqs):
+            cols = slice(0, len(s)) if side == 'right' else slice(width - len(s), width)
+            ids[i, cols], mask[i, cols] = s, True
+        return cls(ids, mask)
+
     def __len__(self) -> int:
         "The real tokens (bits per byte and word perplexity spread the CE over them)."
         return int(self.mask.sum())
