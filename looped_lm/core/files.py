@@ -9,7 +9,8 @@ import contextlib, errno, hashlib, importlib.util, json, os, re, secrets, socket
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['WriteError', 'fsync', 'read_json_lines', 'LockedError', 'source_hash', 'code_record']
+__all__ = ['NO_MACHINE', 'WriteError', 'fsync', 'read_json_lines', 'LockedError', 'source_hash', 'code_record', 'machine_record',
+           'machine_of']
 
 # %% ../../nbs/00a_files.ipynb #af08cf86
 class WriteError(OSError):
@@ -329,3 +330,41 @@ def code_record(modules) -> dict:
         commit = None
     version = getattr(sys.modules.get(modules[0].split('.')[0]), '__version__', None)
     return dict(version=version, source=source_hash(modules), commit=commit)
+
+# %% ../../nbs/00a_files.ipynb #fil00012
+def machine_record(device: str = 'cpu', dtype: str = None) -> dict:
+    """The machine a number is made on: CPU model, cores, the vector ISA torch's CPU kernels use, torch threads, torch
+    and numpy versions, Python, and the GPU of `device` when it is a CUDA device; `device` and `dtype` as given."""
+    import platform, numpy, torch
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        names = [x for x in Path('/proc/cpuinfo').read_text().splitlines() if x.startswith('model name')]
+        cpu = names[0].split(':', 1)[1].strip() if names else cpu
+    rec = dict(
+        cpu=cpu,
+        cores=os.cpu_count(),
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        torch_threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        numpy=numpy.__version__,
+        python=platform.python_version(),
+        device=str(device),
+        dtype=dtype,
+    )
+    if str(device).startswith('cuda') and torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(torch.device(device))
+        rec.update(gpu=p.name, gpu_count=torch.cuda.device_count(), cuda=torch.version.cuda)
+    return rec
+
+
+NO_MACHINE = 'machine not recorded'  # what a record made before machines were recorded says where it is read
+
+
+def machine_of(rec: dict) -> str:
+    "One line naming the machine of a record (`machine` key), or `NO_MACHINE` for records made before it existed."
+    m = rec.get('machine') if isinstance(rec, dict) else None
+    if not isinstance(m, dict):
+        return NO_MACHINE
+    where = m.get('gpu') or f"{m.get('cpu')} ({m.get('cpu_capability')}, {m.get('torch_threads')} threads)"
+    return f"{where}, torch {m.get('torch')}, {m.get('device')}" + (f", {m['dtype']}" if m.get('dtype') else '')

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_model, load_model
-from ..core.files import file_sha256, LOCK_NAME, code_record, dir_lock, fsync, source_hash
+from ..core.files import file_sha256, LOCK_NAME, code_record, dir_lock, fsync, source_hash, machine_record
 from .data import TokenData
 from contextlib import contextmanager, suppress
 from ..core.config import ConfigError
@@ -278,6 +278,9 @@ def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, data: 
                 data=data,
                 config=read_json(run_dir / 'config.json'),
                 code=code_record(TRAINING_CODE),
+                machine=machine_record(
+                    str(next(model.parameters()).device), (read_json(run_dir / 'config.json') or {}).get('dtype')
+                ),
             ),
         )
         shutil.rmtree(d, ignore_errors=True)
