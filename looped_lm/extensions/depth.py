@@ -13,7 +13,7 @@ from ..core.config import ExperimentConfig, ConfigError, load_preset, named_choi
 from ..training.data import TokenData, prepare_data
 from ..training.text import SPLITS
 from ..training.train import resolve_device
-from ..core.files import dir_lock, write_atomic
+from ..core.files import dir_lock, write_atomic, machine_record
 from ..training.train import lr_at
 from ..training.train import train, TrainingError
 from ..training.rundir import RunDirError, run_status
@@ -26,12 +26,12 @@ from .horizon import keep_checkpoint, load_kept, read_records, put_record, cache
 
 # %% auto #0
 __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'KHOP_SPLITS', 'DEPTH_GRIDS', 'DEPTH_VERSION', 'RECORDS', 'RULES',
-           'AT_RISK_V', 'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'R1_FAILS', 'REFERENCE_ARM', 'ROW_COLUMNS',
+           'AT_RISK_V', 'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'REFERENCE_ARM', 'ROW_COLUMNS',
            'dose_variant', 'khop_vocab', 'khop_episodes', 'khop_data', 'khop_corpus', 'DepthGrid', 'DepthJob',
            'DepthPlan', 'task_settings', 'depth_base', 'check_depth', 'depth_key', 'measure_kept', 'advance_depth',
-           'depth_row', 'rule_r1', 'official_claims', 'spearman', 'rule_r3', 'rule_r4', 'rule_r6', 'rule_r0',
-           'depth_rules', 'rules_markdown', 'depth_table', 'read_depth_records', 'write_depth', 'rebuild_depth',
-           'plan_records', 'publish_records', 'run_depth', 'study_rows']
+           'depth_row', 'arm_runs', 'rule_r1', 'official_claims', 'spearman', 'rule_r3', 'rule_r4', 'rule_r6',
+           'rule_r0', 'depth_rules', 'rules_markdown', 'depth_table', 'read_depth_records', 'write_depth',
+           'rebuild_depth', 'plan_records', 'publish_records', 'run_depth', 'study_rows']
 
 # %% ../../nbs/06d_depth.ipynb #a2e5e010
 def dose_variant(lam: float) -> Variant:
@@ -117,17 +117,20 @@ def khop_corpus(n_sym: int, hops: tuple) -> str:
 # %% ../../nbs/06d_depth.ipynb #6672ea8b
 @dataclass(frozen=True)
 class DepthGrid:
-    "The depth study's design: a preset, its arms (name, layers per loop), seeds; `wsd` runs measured at two steps."
+    """The depth study's design: a preset, its arms (name, layers per loop[, steps]), seeds, the variants; `wsd` runs
+    are measured before and after their cooldown, runs on the preset's own schedule (`'preset'`) at their last step."""
 
     preset: str
-    steps: int  # optimiser steps of every run
-    decay_steps: int  # the cooldown: the last steps, over which the lr falls linearly to 0
+    steps: int  # optimiser steps of every run (an arm may give its own: its budget)
+    decay_steps: int  # `wsd`: the cooldown, the last steps over which the lr falls linearly to 0 (`preset`: unused)
     arms: tuple = (('L2', 2), ('L1', 1))
     seeds: tuple = (1, 2, 3)
     overrides: dict = field(default_factory=dict)  # of the preset, for every run
     max_batches: int | None = None  # of `diagnose` (None: every validation and test window, as the main job)
     publish: bool = True  # records and tables in figures/depth-<grid>/ (False: in the study folder)
     task: tuple = ()  # `khop_data`'s (n_sym, hops, seq_len): the k-hop task instead of the preset's corpus
+    schedule: str = 'wsd'  # 'wsd' (two measured steps) or 'preset' (the preset's schedule over the arm's budget)
+    variants: tuple = ()  # names of DEPTH_VARIANTS to train (empty: every one)
 
 
 DEPTH_GRIDS = {
@@ -185,56 +188,70 @@ def task_settings(task: tuple) -> dict:
     return dict(vocab_size=khop_vocab(n_sym, hops), seq_len=seq_len, stride=seq_len, corpus=khop_corpus(n_sym, hops))
 
 
-def depth_base(spec: DepthGrid, device: str = 'auto') -> ExperimentConfig:
-    "The grid's preset with schedule `wsd`, `steps` optimiser steps long (its own checkpoint cadence kept)."
-    for k in ('steps', 'decay_steps'):
-        v = getattr(spec, k)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{k} = {v!r}: give a positive integer number of optimiser steps.")
+def _steps(v, what: str = 'steps') -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{what} = {v!r}: give a positive integer number of optimiser steps.")
+    return v
+
+
+def depth_base(spec: DepthGrid, device: str = 'auto', steps: int = None) -> ExperimentConfig:
+    """The grid's preset, `steps` (default: the grid's) optimiser steps long (its own checkpoint cadence kept), on
+    schedule `wsd` or, for a `'preset'` grid, on the preset's own schedule over that budget."""
+    steps = _steps(spec.steps if steps is None else steps)
+    if spec.schedule not in ('wsd', 'preset'):
+        raise ConfigError(f"schedule = {spec.schedule!r}: choose 'wsd' (a cooldown) or 'preset' (the preset's own).")
     probe = load_preset(spec.preset, **spec.overrides, **task_settings(spec.task))
-    base = probe.replace(
-        schedule='wsd', decay_steps=spec.decay_steps, train_tokens=spec.steps * probe.batch_size * probe.seq_len
-    )
+    base = probe.replace(train_tokens=steps * probe.batch_size * probe.seq_len)
+    if spec.schedule == 'wsd':
+        base = base.replace(schedule='wsd', decay_steps=_steps(spec.decay_steps, 'decay_steps'))
     return base if check_device(device) == 'auto' else base.replace(device=device)
 
 
-def _check_arms(arms) -> list:
-    "[(name, layers per loop)], checked: distinct names of letters and digits, positive integer layer counts."
-    ok = (
-        isinstance(arms, (tuple, list))
-        and len(arms) > 0
-        and all(
-            isinstance(a, (tuple, list))
-            and len(a) == 2
-            and isinstance(a[0], str)
-            and a[0].isalnum()
-            and isinstance(a[1], int)
-            and not isinstance(a[1], bool)
-            and a[1] >= 1
-            for a in arms
-        )
-    )
+def _arm_ok(a) -> bool:
+    ints = all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in a[1:])
+    return isinstance(a, (tuple, list)) and len(a) in (2, 3) and isinstance(a[0], str) and a[0].isalnum() and ints
+
+
+def _check_arms(arms, steps: int) -> list:
+    "[(name, layers per loop, steps)], checked: distinct names of letters and digits, positive integer counts."
+    ok = isinstance(arms, (tuple, list)) and len(arms) > 0 and all(map(_arm_ok, arms))
     if not ok or len({a[0] for a in arms}) < len(arms):
         raise ConfigError(
-            f"arms must be distinct (name, layers per loop) pairs, e.g. (('L2', 2), ('L1', 1)); got {arms!r}."
+            "arms must be distinct (name, layers per loop) or (name, layers per loop, steps) tuples, e.g. "
+            f"(('L2', 2), ('L1', 1)); got {arms!r}."
         )
-    return [(a[0], a[1]) for a in arms]
+    return [(a[0], a[1], a[2] if len(a) == 3 else steps) for a in arms]
 
 # %% ../../nbs/06d_depth.ipynb #5d2fc850
-def check_depth(grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto', workers: int = None) -> DepthPlan:
-    "Every run of the grid (arm x variant x seed) with its config, and every path, checked before any folder exists."
-    name, spec = named_choice(grid, DEPTH_GRIDS, DepthGrid, 'grid')
-    base, arms = depth_base(spec, device), _check_arms(spec.arms)
+def _measured_steps(spec: DepthGrid, steps: int) -> tuple:
+    "The steps of a run that are kept and measured: before and after a `wsd` cooldown, or the last."
+    return (steps - spec.decay_steps, steps) if spec.schedule == 'wsd' else (steps,)
+
+
+def check_depth(
+    grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto', workers: int = None, grids=None, arms=None
+) -> DepthPlan:
+    """Every run of the grid (arm x variant x seed) with its config, and every path, checked before any folder exists;
+    `grids`: the table `grid` names (default `DEPTH_GRIDS`); `arms`: only these arms (default: every one)."""
+    name, spec = named_choice(grid, DEPTH_GRIDS if grids is None else grids, DepthGrid, 'grid')
+    all_arms = _check_arms(spec.arms, spec.steps)
+    chosen = [a for a in all_arms if arms is None or a[0] in arms]
+    if arms is not None and (isinstance(arms, str) or set(arms) - {a[0] for a in all_arms} or not chosen):
+        raise ConfigError(f"arms = {arms!r}: give a list of this grid's arms, from {[a[0] for a in all_arms]}.")
+    variants = list(spec.variants) or list(DEPTH_VARIANTS)
+    if unknown := [v for v in variants if v not in DEPTH_VARIANTS]:
+        raise ConfigError(f"variants {unknown} are not depth variants; choose from {list(DEPTH_VARIANTS)}.")
+    base = depth_base(spec, device)
     dev, seeds = str(resolve_device(base)), check_seeds(list(spec.seeds), [])
     out, fig = grid_dirs('depth', name, name == 'custom', spec.publish, out_dir, fig_dir)
-    steps = (spec.steps - spec.decay_steps, spec.steps)
     jobs = []
-    for arm, layers in arms:
-        for v, var in DEPTH_VARIANTS.items():
+    for arm, layers, steps in chosen:
+        arm_base = depth_base(spec, device, steps).replace(n_layers=layers)
+        for v in variants:
             for s in seeds:
-                run = f"{arm}-{v}-seed{s}"
-                cfg = var.config(base.replace(n_layers=layers)).replace(seed=s)
-                jobs.append(DepthJob(arm, v, s, cfg, out / 'runs' / run, out / 'kept' / run, steps))
+                run, cfg = f"{arm}-{v}-seed{s}", DEPTH_VARIANTS[v].config(arm_base).replace(seed=s)
+                keep = out / 'kept' / run
+                jobs.append(DepthJob(arm, v, s, cfg, out / 'runs' / run, keep, _measured_steps(spec, steps)))
     return DepthPlan(name, spec, base, jobs, out, fig, dev, check_workers(workers, len(jobs), dev))
 
 # %% ../../nbs/06d_depth.ipynb #5cb8ea06
@@ -285,6 +302,7 @@ def measure_kept(job: DepthJob, step: int, data, device='cpu', max_batches: int 
         lr_last=lr_at(step - 1, cfg),
         diag=json.loads(json.dumps(diag)),
         seconds=time.time() - t0,
+        machine=machine_record(device, cfg.dtype),
     )
     put_record(path, rec)
     return rec
@@ -319,7 +337,7 @@ def _depth_one(job: dict) -> str:
     return state
 
 # %% ../../nbs/06d_depth.ipynb #7ede4016
-from ..studies.claims import measures, evaluate_claims, claims_markdown
+from ..studies.claims import measures, evaluate_claims, claims_markdown, depth_gate, GATE
 from ..studies.tables import to_markdown
 
 
@@ -354,9 +372,8 @@ def depth_row(rec: dict) -> dict:
 
 # %% ../../nbs/06d_depth.ipynb #3e2ec6d0
 RULES = dict(
-    depth_value=0.02,  # R1: D = ln PPL(one-pass) - ln PPL@K(terminal-penalty), nats
-    raw_gain=0.02,  # R1: perloop-raw's gain to its best exit, nats
-    drift=10.0,  # R1: at-risk s / perloop-raw s; R3: at-risk s / the official penalty's s
+    **GATE,  # R1, the claims' one gate: D (nats), perloop-raw's gain to its best exit (nats), at-risk s / raw s
+    # drift is also R3's: at-risk s / the official penalty's s
     rho_takes=-0.8,  # R3: Spearman rho(g_best, ln s) at most this on every seed: the drift takes depth away
     rho_none=0.4,  # R3: |rho| below this on all seeds but one: the drift is not what removes depth use
     floor_controls=0.02,  # R4: every per-loop control's seed-mean gain change through the cooldown above this
@@ -385,57 +402,26 @@ def _seeds(rows: list) -> list:
     return sorted({r['seed'] for r in rows})
 
 
-R1_FAILS = dict(  # what a failed condition of R1 means
-    D='no control uses depth: the depth value D is below 0.02 nats',
-    raw_gain="no control uses depth: perloop-raw's gain to its best exit is below 0.02 nats",
-    s_ratio='the drift is below 10x perloop-raw',
-)
+def arm_runs(records: list, arm: str, step: int, variants=None) -> list:
+    "The arm's records at `step` (of `variants`, default all) as run records: what the claims and their gate read."
+    return [
+        dict(variant=r['variant'], seed=r['seed'], status='done', diag=r['diag'])
+        for r in records
+        if r['arm'] == arm and r['step'] == step and (variants is None or r['variant'] in variants)
+    ]
 
 
-def rule_r1(rows: list, arm: str, step: int) -> dict:
-    "R1: depth value D, perloop-raw's gain to its best exit and the at-risk/raw RMS ratio, on the mean and most seeds."
-    cell, seeds = _cell(rows, arm, step), _seeds(rows)
-    need = [(v, s) for v in (ONE_V, TERMINAL_V, RAW_V, AT_RISK_V) for s in seeds]
-    if any(k not in cell for k in need):
-        return dict(
-            verdict='not measured',
-            kind='precondition',
-            missing=[f"{v} seed {s}" for v, s in need if (v, s) not in cell],
-        )
-    per = {
-        s: dict(
-            D=math.log(cell[ONE_V, s]['ppl@1']) - math.log(cell[TERMINAL_V, s]['ppl@K']),
-            raw_gain=cell[RAW_V, s]['g_best'],
-            s_ratio=cell[AT_RISK_V, s]['s'] / cell[RAW_V, s]['s'],
-        )
-        for s in seeds
-    }
-    mean = dict(
-        D=_mean([p['D'] for p in per.values()]),
-        raw_gain=_mean([p['raw_gain'] for p in per.values()]),
-        s_ratio=_mean([cell[AT_RISK_V, s]['s'] for s in seeds]) / _mean([cell[RAW_V, s]['s'] for s in seeds]),
-    )
-    thr = dict(D=RULES['depth_value'], raw_gain=RULES['raw_gain'], s_ratio=RULES['drift'])
-    ok = {c: mean[c] >= t and sum(per[s][c] >= t for s in seeds) >= _need(len(seeds)) for c, t in thr.items()}
-    why = [R1_FAILS[c] for c, v in ok.items() if not v]
-    return dict(
-        verdict='holds' if all(ok.values()) else 'fails',
-        kind='precondition',
-        mean=mean,
-        per_seed={str(s): per[s] for s in seeds},
-        conditions=ok,
-        why=why,
-    )
+def rule_r1(records: list, arm: str, step: int) -> dict:
+    "R1: the claims' one testability gate of C3 and C7 (`depth_gate`) on the arm's runs at `step`."
+    gate = depth_gate(arm_runs(records, arm, step))
+    if 'mean' not in gate:
+        return dict(verdict='not measured', kind='precondition', missing=gate['why'])
+    return dict(gate, verdict='holds' if gate['verdict'] == 'testable' else 'fails')
 
 # %% ../../nbs/06d_depth.ipynb #3b096cc0
 def official_claims(records: list, arm: str, step: int) -> dict:
-    "C1-C7 as today (`claims`) over the arm's official conditions at `step`: what R2 and R5 read."
-    recs = [
-        dict(variant=r['variant'], seed=r['seed'], status='done', diag=r['diag'])
-        for r in records
-        if r['arm'] == arm and r['step'] == step and r['variant'] in OFFICIAL
-    ]
-    return evaluate_claims(recs)
+    "C1-C7 as today (`claims`) over the arm's official conditions at `step`, gated with its one-pass runs."
+    return evaluate_claims(arm_runs(records, arm, step, [*OFFICIAL, ONE_V]))
 
 
 def _gated(r1: dict, claim: dict) -> dict:
@@ -601,7 +587,7 @@ def depth_rules(records: list, reference=None, horizon=None) -> dict:
     before, after = steps
     out = dict(thresholds=RULES, steps=dict(before=before, after=after), seeds=_seeds(rows), arms={})
     for arm in sorted({r['arm'] for r in rows}, key=lambda a: (a != REFERENCE_ARM, a)):
-        r1 = rule_r1(rows, arm, after)
+        r1 = rule_r1(records, arm, after)
         cl = official_claims(records, arm, after)['primary']['claims']
         out['arms'][arm] = dict(
             R0=rule_r0(records, before, reference, horizon) if arm == REFERENCE_ARM else dict(verdict='not applicable'),
@@ -747,20 +733,21 @@ def run_depth(
     workers: int = None,
     progress: bool = True,
     lock_wait: float = 600.0,
+    grids=None,
+    arms=None,
+    rebuild=None,
 ) -> list:
-    "Train and measure what is missing of the grid, publish every run's records, rebuild its tables; the records."
-    plan, lock_wait = check_depth(grid, out_dir, fig_dir, device, workers), check_lock_wait(lock_wait)
+    """Train and measure what is missing of the grid (`arms`: only these), publish every run's records, rebuild its
+    tables (`rebuild(fig_dir)`, default `rebuild_depth`); the records. `grids`: the table `grid` names."""
+    plan, lock_wait = check_depth(grid, out_dir, fig_dir, device, workers, grids, arms), check_lock_wait(lock_wait)
     check_spawn_guard(plan.workers)
     data = (
         khop_data(*plan.spec.task) if plan.spec.task else prepare_data(plan.base, data_dir=data_dir, verbose=progress)
     )
     made = dict(make_data=(khop_data, plan.spec.task)) if plan.spec.task else {}  # a worker makes it, never reads it
     if progress:
-        print(
-            f"depth study {plan.grid}: {len(plan.jobs)} runs x 2 checkpoints in {plan.out_dir}, "
-            f"{plan.workers} worker(s)",
-            flush=True,
-        )
+        n = sum(len(j.steps) for j in plan.jobs)
+        print(f"depth study {plan.grid}: {len(plan.jobs)} runs, {n} checkpoints in {plan.out_dir}", flush=True)
     from looped_lm.extensions import depth as mod  # the exported work function: what a spawned worker can import
 
     run_plan_jobs(plan, mod._depth_one, data, data_dir, lock_wait, progress, max_batches=plan.spec.max_batches, **made)
@@ -768,7 +755,7 @@ def run_depth(
         records = plan_records(plan, data)
         publish_records(plan, records)
         if records:
-            rebuild_depth(plan.fig_dir)
+            (rebuild or rebuild_depth)(plan.fig_dir)
     return records
 
 # %% ../../nbs/06d_depth.ipynb #66f484e8

@@ -23,7 +23,8 @@ from .tables import dig, _md, read_run_records, read_throughput, write_tables
 from .runner import repo_root
 
 # %% auto #0
-__all__ = ['MARGINS', 'CLAIMS', 'CHECKS', 'Claim', 'evaluate_claims', 'write_claims', 'rebuild']
+__all__ = ['MARGINS', 'CLAIMS', 'CHECKS', 'REFERENCE', 'GATE', 'GATE_RUNS', 'GATE_FAILS', 'Claim', 'depth_gate',
+           'evaluate_claims', 'write_claims', 'rebuild']
 
 # %% ../../nbs/04c_claims.ipynb #41a37bd4
 MARGINS = dict(
@@ -88,6 +89,7 @@ def measures(rec) -> dict:
         'width',
         lambda: round((dig(d, 'clamp', 'none', 0, 'norm_l2') / dig(d, 'clamp', 'none', 0, 'norm_rms')) ** 2),
     )
+    _put(out, 's', lambda: dig(d, 'clamp', 'none', -1, 'norm_rms'))  # the final loop's RMS hidden norm
     ex = d.get('exits', {}).get('validation', [])
     for e in ex:
         _put(out, f"ppl@{e['k']}", lambda e=e: e['ppl'])
@@ -369,11 +371,60 @@ def _by_variant(views: dict, names: list, keys: list) -> dict:
     return out
 
 # %% ../../nbs/04c_claims.ipynb #284f2c66
-DEPTH_USE = 0.02  # nats: a control uses depth when its gain from exit 1 to its best exit reaches this (R1's threshold)
+REFERENCE = 'one-pass'  # the depth-value reference a study may train beside its conditions: K = 1, raw readout
+GATE = dict(depth_value=0.02, raw_gain=0.02, drift=10.0)  # nats, nats, at-risk RMS / perloop-raw RMS
+GATE_RUNS = dict(at_risk='perloop-rmsnorm', raw='perloop-raw', terminal='terminal-penalty')
+GATE_FAILS = dict(
+    D='no control uses depth: the depth value D is below 0.02 nats',
+    raw_gain="no control uses depth: perloop-raw's gain to its best exit is below 0.02 nats",
+    s_ratio='the drift is below 10x perloop-raw',
+)
 
 
-def evidence_tags(views: dict, names: list) -> dict:
-    "{claim: the kind of evidence its verdict is}, from the seed-averaged measures of `names`, where one applies."
+def _last_ppl(m: dict) -> float:
+    "The PPL of a run's last exit (its measures' largest `ppl@k`)."
+    return m[max((k for k in m if k.startswith('ppl@')), key=lambda k: int(k[4:]))]
+
+
+def _gate_inputs(view: dict, ref: dict) -> dict:
+    "One seed's gate inputs (`view`: measures by variant; `ref`: the one-pass run's measures); KeyError when absent."
+    at, raw, term = (view[GATE_RUNS[k]] for k in ('at_risk', 'raw', 'terminal'))
+    return dict(D=math.log(ref['ppl@1']) - math.log(_last_ppl(term)), raw_gain=raw['gain best'], s=(at['s'], raw['s']))
+
+# %% ../../nbs/04c_claims.ipynb #cla0gate
+def depth_gate(records) -> dict:
+    """Whether C3 and C7 are testable: D, `perloop-raw`'s gain to its best exit and the at-risk/raw RMS ratio, each at
+    `GATE` on the seed mean and on all seeds but one, from run records: the conditions' and the one-pass runs'."""
+    views = _views([r for r in records if r['variant'] != REFERENCE])
+    reference = _views([r for r in records if r['variant'] == REFERENCE])
+    seeds = [s for s in views if s != 'mean']
+    if not reference['mean']:
+        return dict(verdict='not testable', kind='precondition', why=['no one-pass reference: D is not measured'])
+    try:
+        per = {s: _gate_inputs(views[s], reference[s][REFERENCE]) for s in seeds}
+    except KeyError as e:
+        return dict(verdict='not testable', kind='precondition', why=[f'not measured: no {e.args[0]!r} among its runs'])
+    mean_s = [float(np.mean([p['s'][i] for p in per.values()])) for i in (0, 1)]
+    per = {s: dict(D=p['D'], raw_gain=p['raw_gain'], s_ratio=p['s'][0] / p['s'][1]) for s, p in per.items()}
+    mean = dict(
+        D=float(np.mean([p['D'] for p in per.values()])),
+        raw_gain=float(np.mean([p['raw_gain'] for p in per.values()])),
+        s_ratio=mean_s[0] / mean_s[1],
+    )
+    need, thr = max(1, len(seeds) - 1), dict(D=GATE['depth_value'], raw_gain=GATE['raw_gain'], s_ratio=GATE['drift'])
+    ok = {c: mean[c] >= t and sum(per[s][c] >= t for s in seeds) >= need for c, t in thr.items()}
+    return dict(
+        verdict='testable' if all(ok.values()) else 'not testable',
+        kind='precondition',
+        mean=mean,
+        per_seed={str(s): per[s] for s in seeds},
+        conditions=ok,
+        why=[GATE_FAILS[c] for c, v in ok.items() if not v],
+    )
+
+# %% ../../nbs/04c_claims.ipynb #cla0tags
+def evidence_tags(views: dict, names: list, gate: dict) -> dict:
+    "{claim: the kind of evidence its verdict is}, from the seed-averaged measures of `names` and `depth_gate`."
     mean, tags = views['mean'], {}
     nrm = [n for n in names if VARIANTS[n].final_readout_normalized]
     scale = _vals(mean, nrm, 'radial scale')
@@ -384,16 +435,16 @@ def evidence_tags(views: dict, names: list) -> dict:
         )
     if _vals(mean, nrm, 'lemma ratio') is not None:
         tags['L1'] = "identity: our float64 measurement against the lemma's closed form, not a training outcome"
-    gains = _vals(mean, _roles(names, per_loop_only=True)[1], 'gain best')
-    if gains is not None and max(gains) < DEPTH_USE:
-        tags['C3'] = f"not testable: no per-loop control gains ≥ {DEPTH_USE:g} nats to its best exit ({max(gains):.3f})"
-        tags['C7'] = 'not testable: entailed by C3 (a control that does not use depth is calibrated to stop at loop 1)'
+    if gate['verdict'] != 'testable':
+        tags['C3'] = tags['C7'] = 'not testable: ' + '; '.join(gate['why'])
     return tags
 
 # %% ../../nbs/04c_claims.ipynb #e7486f2c
-def claim_set(records, names: list) -> dict:
-    "Every claim and check over the variants `names` of `records`: numbers and verdict, seed-averaged and per seed."
+def claim_set(records, names: list, gate: dict = None) -> dict:
+    """Every claim and check over the variants `names` of `records`: numbers and verdict, seed-averaged and per seed;
+    `gate`: C3/C7's `depth_gate` (default: computed without a one-pass reference, so not testable)."""
     views, out = _views([r for r in records if r['variant'] in names]), {}
+    gate = gate or depth_gate([r for r in records if r['variant'] in names])
     for cid, claim in {**CLAIMS, **CHECKS}.items():
         title, statement, test, per_loop, keys = (
             claim.title,
@@ -423,7 +474,7 @@ def claim_set(records, names: list) -> dict:
             verdict=_verdict(mean['holds'] if mean else None, held, len(seeds)),
             by_variant=_by_variant(views, names if cid in ('C2', 'L1') else at + ctl, keys),
         )
-    for cid, tag in evidence_tags(views, names).items():
+    for cid, tag in evidence_tags(views, names, gate).items():
         out[cid]['evidence'] = tag
     return out
 
@@ -537,25 +588,32 @@ SECTIONS = dict(
 # %% ../../nbs/04c_claims.ipynb #56091827
 def evaluate_claims(records, preset: str = None, root=None) -> dict:
     """The pre-registered claims: `primary` over the study's official conditions, `extension` over all its variants,
-    each with its numerical checks; `preset`: the study's, whose choice record (`preset_choice`) adds its tags."""
+    each with its numerical checks; `preset`: the study's, whose choice record (`preset_choice`) adds its tags. Runs of
+    the depth-value reference (`REFERENCE`) are no condition: C3/C7's `depth_gate` reads them."""
+    ref = [r for r in records if r['variant'] == REFERENCE]
+    records = [r for r in records if r['variant'] != REFERENCE]
     names = sorted({r['variant'] for r in records}, key=list(VARIANTS).index)
     official = [n for n in names if VARIANTS[n].group == 'official']
     ext = names if any(VARIANTS[n].group != 'official' for n in names) else []
     choice = preset_choice(preset, root)
 
     def section(label, names, judged):  # `judged`: the claims are evaluated (not measured, if no variant)
-        both = claim_set(records, names) if judged else {}
+        gate = depth_gate([r for r in records if r['variant'] in names] + ref) if judged else {}
+        both = claim_set(records, names, gate) if judged else {}
         ms = margin_sensitivity(records, names, both) if judged else {}
         for c, tag in (context_tags(both, names, choice) if judged and choice else {}).items():
             both[c]['evidence'] = '; '.join(t for t in (both[c].get('evidence'), tag) if t)
         claims, checks = ({c: v for c, v in both.items() if c in group} for group in (CLAIMS, CHECKS))
-        return dict(label=SECTIONS[label], variants=names, claims=claims, checks=checks, margin_sensitivity=ms)
+        return dict(
+            label=SECTIONS[label], variants=names, testability=gate, claims=claims, checks=checks, margin_sensitivity=ms
+        )
 
     return dict(
         primary=section('primary', official, True),
         extension=section('extension', ext, bool(ext)),
         preregistration=dict(
             margins=MARGINS,
+            depth_gate=GATE,
             halting_policy='/'.join(HALT_POLICY),
             heavy_tail_hill=HEAVY_TAIL_HILL,
             internorm='judged on growth across loops ‖H_K‖/‖H_1‖, not on its absolute norm (C1); not in C5a',
@@ -577,12 +635,26 @@ def claims_markdown(cl: dict) -> str:
         out += [f"## {s['label']}", '', f"Variants: {', '.join(s['variants']) or 'none in this study'}.", '']
         if not s['claims']:
             continue
-        out += _claim_rows('claim', s['claims'])
+        out += _gate_markdown(s.get('testability') or {}) + _claim_rows('claim', s['claims'])
         if s.get('checks'):
             out += ['Numerical checks (identities: they test our measurement, not the paper):', '']
             out += _claim_rows('check', s['checks'])
         out += _sensitivity_markdown(s.get('margin_sensitivity') or {})
     return '\n'.join(out)
+
+
+def _gate_markdown(gate: dict) -> list:
+    "The line saying whether C3 and C7 are testable here (`depth_gate`), with its numbers on the seed mean."
+    if not gate:
+        return []
+    nums = ', '.join(f"{k} {format_number(v, 'table')}" for k, v in (gate.get('mean') or {}).items())
+    why = '; '.join(gate.get('why') or [])
+    return [
+        f"C3 and C7 are **{gate['verdict']}** here (`depth_gate`: D ≥ {GATE['depth_value']:g} nats, perloop-raw's gain "
+        f"to its best exit ≥ {GATE['raw_gain']:g} nats, at-risk RMS ≥ {GATE['drift']:g}× perloop-raw's, on the seed "
+        f"mean and all seeds but one){': ' + why if why else ''}{' (seed mean: ' + nums + ')' if nums else ''}.",
+        '',
+    ]
 
 
 def _claim_rows(what: str, claims: dict) -> list:
