@@ -25,6 +25,7 @@ from .studies.figures import make_figures  # noqa: E402
 from .extensions.scaling import run_scaling  # noqa: E402
 from .extensions.horizon import run_horizon  # noqa: E402
 from .extensions.depth import run_depth  # noqa: E402
+from .extensions.worth import run_worth  # noqa: E402
 from .interop.hub import from_run  # noqa: E402
 
 # The `transformers` and lm-evaluation-harness bridges need the `eval` extra: imported when first asked for.
@@ -68,6 +69,7 @@ __all__ = [
     'run_scaling',
     'run_horizon',
     'run_depth',
+    'run_worth',
     'from_run',
     *_OPTIONAL,
 ]

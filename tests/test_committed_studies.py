@@ -40,7 +40,8 @@ def test_studies_without_records_are_the_known_ones():
     assert 'no per-run records' in (FIGURES / 'cpu-cosine-3seeds' / 'README.md').read_text()
 
 
-DEPTH_STUDIES = sorted(p.parent.name for p in FIGURES.glob('depth-*/rules.json'))
+DEPTH_STUDIES = sorted(p.parent.name for p in FIGURES.glob('depth-*/depth.md'))  # the depth study's own table
+WORTH_STUDIES = sorted(p.parent.name for p in FIGURES.glob('depth-worth*/worth.md'))
 
 
 @pytest.mark.parametrize('study', DEPTH_STUDIES)
@@ -57,6 +58,37 @@ def test_depth_rules_and_tables_rebuild_from_the_committed_records(study, tmp_pa
         rebuilt = dst / p.name
         assert rebuilt.exists(), f"rebuild_depth() did not write {p.name}"
         assert rebuilt.read_bytes() == p.read_bytes(), f"{study}: {p.name} differs from its rebuild"
+
+
+@pytest.mark.parametrize('study', WORTH_STUDIES)
+def test_worth_rules_and_tables_rebuild_from_the_committed_records(study, tmp_path):
+    "A depth-worth study (nbs/06e_worth) rebuilds its rows, rules R1-R5 and claims from `records/` alone, identical."
+    from looped_lm.extensions.worth import rebuild_worth
+
+    src, dst = FIGURES / study, tmp_path / study
+    shutil.copytree(src / 'records', dst / 'records')
+    rebuild_worth(dst)
+    committed = [src / 'worth.md', src / 'rules.json', src / 'rules.md', *sorted(src.glob('claims-*.md'))]
+    for p in committed:
+        assert (dst / p.name).read_bytes() == p.read_bytes(), f"{study}: {p.name} differs from its rebuild"
+
+
+def test_worth_records_follow_the_preregistered_design():
+    """figures/depth-worth/: the pre-registration's grid (6 variants x budgets of 1,200 and 4,800 steps x seeds 1-3),
+    each record at its budget's last step and naming its machine; every run of a budget that has records is there."""
+    from looped_lm.extensions.depth import read_depth_records
+    from looped_lm.extensions.worth import WORTH_VARIANTS
+
+    recs = read_depth_records(FIGURES / 'depth-worth')
+    if not recs:
+        pytest.skip('the depth-worth study has no records yet (its pre-registration is committed first)')
+    budgets = {'B1200': 1200, 'B4800': 4800}
+    assert {(r['arm'], r['step']) for r in recs} <= set(budgets.items())
+    assert all(isinstance(r.get('machine'), dict) and r['machine'].get('cpu_capability') for r in recs)
+    for arm in {r['arm'] for r in recs}:
+        have = {(r['variant'], r['seed']) for r in recs if r['arm'] == arm}
+        seeds = {s for _, s in have}
+        assert seeds <= {1, 2, 3} and have == {(v, s) for v in WORTH_VARIANTS for s in seeds}, arm
 
 
 def test_depth_records_hold_every_run_at_both_steps():

@@ -20,7 +20,7 @@ PARTS = {
     'training': 'the corpus and tokenizers, token data, run folders and checkpoints, the trainer',
     'measure': 'the loop spec of any looped model, halting, radial fractions, the diagnostics',
     'studies': "variants, the runner and its jobs, tables, claims, the ablation's machinery, figures",
-    'extensions': 'our studies beyond the paper: growth laws, scaling, horizon, depth',
+    'extensions': 'our studies beyond the paper: growth laws, scaling, horizon, depth, the depth-worth test',
     'interop': 'the model outside the repository: run folders as models, transformers, lm-evaluation-harness',
 }
 # (chapter, module it exports or None), in reading order; a chapter's number is its part's (00 = core, ...), except
@@ -50,6 +50,7 @@ CHAPTERS = [
     ('06a_scaling', 'extensions.scaling'),
     ('06c_horizon', 'extensions.horizon'),
     ('06d_depth', 'extensions.depth'),
+    ('06e_worth', 'extensions.worth'),
     ('07_hub', 'interop.hub'),
     ('07a_transformers', 'interop.transformers_io'),
     ('07b_lm_eval', 'interop.lm_eval'),

@@ -229,3 +229,17 @@ def test_two_workers_from_an_unguarded_script_is_a_clear_error(tmp_path):
     assert "if __name__ == '__main__':" in r.stderr and 'workers=1' in r.stderr and 'line 3' in r.stderr, r.stderr
     assert 'BrokenProcessPool' not in r.stderr and not (tmp_path / 'out').exists()  # refused before any work
     assert check_spawn_guard(2) is None  # pytest's own __main__ is guarded
+
+
+def test_the_gpu_script_of_the_depth_worth_study_runs_its_tiny_grid_on_the_cpu(tmp_path):
+    "scripts/depth_worth_gpu.py, dry run: the tiny grid on the CPU, as the GPU machine would run the whole one."
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, 'scripts/depth_worth_gpu.py', '--grid', 'worth-tiny', '--device', 'cpu', '--workers', '1']
+    out = subprocess.run(cmd + ['--out-dir', str(tmp_path)], cwd=root, capture_output=True, text=True, env=os.environ)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert '24 records in' in out.stdout, out.stdout[-2000:]
+    rules = json.loads((tmp_path / 'figures' / 'rules.json').read_text())
+    assert list(rules['arms']) == ['B8', 'B12'] and all('R1' in a for a in rules['arms'].values())
