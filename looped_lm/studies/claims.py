@@ -18,7 +18,7 @@ from ..core.files import write_atomic, read_json_lines
 from ..core.config import format_number
 from ..measure.diagnostics import HEAVY_TAIL_HILL
 from ..measure.diagnostics import radial_scale_of
-from .variants import VARIANTS
+from .variants import VARIANTS, GROUPS
 from .tables import dig, _md, read_run_records, read_throughput, write_tables
 from .runner import repo_root
 
@@ -581,9 +581,20 @@ def margin_sensitivity(records, names: list, judged: dict = None) -> dict:
 
 # %% ../../nbs/04c_claims.ipynb #f95512dc
 SECTIONS = dict(
-    primary="Primary analysis (pre-registered): the paper's seven official conditions, claims as the paper states them",
+    primary="Primary analysis (pre-registered): {official}, claims as the paper states them",
     extension='Extension (generalisation test): the same claims over every variant of the study, ours included',
 )
+
+
+def official_label(names: list) -> str:
+    "The primary section's title for the official conditions `names` a study ran: all seven, or how many of them."
+    n = len(GROUPS['official'])
+    which = (
+        "the paper's seven official conditions"
+        if len(names) == n
+        else f"{len(names)} of the paper's {n} official conditions"
+    )
+    return SECTIONS['primary'].format(official=which)
 
 # %% ../../nbs/04c_claims.ipynb #56091827
 def evaluate_claims(records, preset: str = None, root=None) -> dict:
@@ -605,7 +616,12 @@ def evaluate_claims(records, preset: str = None, root=None) -> dict:
             both[c]['evidence'] = '; '.join(t for t in (both[c].get('evidence'), tag) if t)
         claims, checks = ({c: v for c, v in both.items() if c in group} for group in (CLAIMS, CHECKS))
         return dict(
-            label=SECTIONS[label], variants=names, testability=gate, claims=claims, checks=checks, margin_sensitivity=ms
+            label=official_label(names) if label == 'primary' else SECTIONS[label],
+            variants=names,
+            testability=gate,
+            claims=claims,
+            checks=checks,
+            margin_sensitivity=ms,
         )
 
     return dict(
