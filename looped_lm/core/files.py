@@ -5,12 +5,12 @@ files swept, one writer per folder, and the SHA-256 of a file."""
 
 # %% ../../nbs/00a_files.ipynb #f1e5a004
 from __future__ import annotations
-import contextlib, errno, hashlib, importlib.util, json, os, re, secrets, socket, subprocess, sys, time
+import ast, contextlib, errno, hashlib, importlib.util, json, os, re, secrets, socket, subprocess, sys, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['NO_MACHINE', 'WriteError', 'fsync', 'read_json_lines', 'LockedError', 'source_hash', 'code_record', 'machine_record',
-           'machine_of']
+__all__ = ['NO_MACHINE', 'WriteError', 'fsync', 'read_json_lines', 'LockedError', 'source_hash', 'code_record',
+           'imported_modules', 'machine_record', 'machine_of']
 
 # %% ../../nbs/00a_files.ipynb #af08cf86
 class WriteError(OSError):
@@ -330,6 +330,29 @@ def code_record(modules) -> dict:
         commit = None
     version = getattr(sys.modules.get(modules[0].split('.')[0]), '__version__', None)
     return dict(version=version, source=source_hash(modules), commit=commit)
+
+# %% ../../nbs/00a_files.ipynb #fil00022
+def _imports_of(name: str, package: str) -> list:
+    "The package modules (`package.part.module`) that module `name`'s source imports, function-level imports included."
+    found = []
+    for node in ast.walk(ast.parse(Path(importlib.util.find_spec(name).origin).read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = name.split('.')[: -node.level] if node.level else []
+            mod = '.'.join([*base, *([node.module] if node.module else [])])
+            found += [mod] if node.module else [f'{mod}.{a.name}' for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+    return ['.'.join(m.split('.')[:3]) for m in found if m.startswith(package + '.') and m.count('.') >= 2]
+
+
+def imported_modules(name: str) -> tuple:
+    "Module `name` and every module of its package it imports, directly or not, sorted: what decides its results."
+    package, seen, todo = name.split('.')[0], set(), [name]
+    while todo:
+        if (m := todo.pop()) not in seen and importlib.util.find_spec(m) is not None:
+            seen.add(m)
+            todo += _imports_of(m, package)
+    return tuple(sorted(seen))
 
 # %% ../../nbs/00a_files.ipynb #fil00012
 def machine_record(device: str = 'cpu', dtype: str = None) -> dict:

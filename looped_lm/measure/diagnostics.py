@@ -8,11 +8,11 @@ calibrated halting, per-token norms, throughput per exit depth."""
 from __future__ import annotations
 import warnings
 from pathlib import Path
-from ..core.files import file_content_sha, source_hash
+from ..core.files import file_content_sha, source_hash, imported_modules
 from ..core.config import format_number
 from ..training.rundir import check_run_data, read_json
 from ..training.rundir import latest_checkpoint, read_metrics, run_status
-import dataclasses
+import dataclasses, hashlib, inspect
 import json
 import math
 import statistics
@@ -50,11 +50,7 @@ __all__ = ['HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'DiagnosticReport', 'report_key', '
 # %% ../../nbs/03c_diagnostics.ipynb #91c3f3a7
 DIAG_VERSION = 5  # the report's layout (what records and tables read); its content is keyed by the code below
 # the modules whose source decides a report's numbers: a cached report is used only for the same `source_hash`
-MEASURING_CODE = tuple(
-    f'looped_lm.{m}'
-    for m in ('model.lemmas', 'model.looped', 'measure.protocol', 'measure.halting', 'measure.radial')
-    + ('measure.diagnostics',)
-)
+MEASURING_CODE = imported_modules('looped_lm.measure.diagnostics')  # the diagnostics and all they import
 source_hash(MEASURING_CODE)  # read as imported: an edit while this process measures does not relabel its reports
 
 
@@ -595,15 +591,27 @@ def diagnose(
 EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least the run's own batch)
 
 
+def _report_file(run_dir: Path, options: dict) -> Path:
+    "`diagnostics.json` for the default measurement (what tables read); `diagnostics-<hash>.json` for other `options`."
+    if not options:
+        return run_dir / 'diagnostics.json'
+    return run_dir / f"diagnostics-{hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:12]}.json"
+
+
 def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> DiagnosticReport:
     """Cached `diagnose` of a run's newest checkpoint (`diagnostics.json`, keyed by checkpoint, `DIAG_VERSION`, the
-    measuring code's source, batches and the token data's fingerprint); data that is not the run's is refused first."""
+    measuring code's source, batches and the token data's fingerprint); data that is not the run's is refused first.
+    `kw` (`diagnose`'s options) that change what is measured are part of the key and cached in a file of their own."""
     run_dir = Path(run_dir)
     if data is not None:  # None: only a cached report can answer
         check_run_data(run_dir, data)
-    ckpt = latest_checkpoint(run_dir)
+    ckpt, defaults = latest_checkpoint(run_dir), inspect.signature(diagnose).parameters
+    options = json.loads(
+        json.dumps({k: v for k, v in kw.items() if k not in defaults or v != defaults[k].default}, default=repr)
+    )
     key = dict(report_key(ckpt), max_batches=max_batches, **({} if data is None else dict(data=data.fingerprint)))
-    p = run_dir / 'diagnostics.json'
+    key.update(dict(options=options) if options else {})
+    p = _report_file(run_dir, options)
     if (rep := _cached(p, key)) is not None:
         return rep
     cfg, model = load_run(run_dir, device)

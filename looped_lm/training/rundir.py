@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_model, load_model
 from ..core.files import file_sha256, LOCK_NAME, code_record, dir_lock, fsync, source_hash, machine_record
+from ..core.files import imported_modules
 from .data import TokenData
 from contextlib import contextmanager, suppress
 from ..core.config import ConfigError
@@ -131,11 +132,7 @@ def append_metrics(run_dir, rec: dict):
 CKPT_FILES = ('model.safetensors', 'state.pt')  # a checkpoint's files; its `hashes.json` records their SHA-256
 CKPT_FORMAT = 2  # state.pt's `format`: 2, the checkpoint has a hashes.json; none: written before hashes were
 # the modules whose source decides a run's weights: a run and each of its checkpoints record their `source_hash`
-TRAINING_CODE = tuple(
-    f'looped_lm.{m}'
-    for m in ('core.config', 'core.files', 'model.looped')
-    + ('training.text', 'training.data', 'training.rundir', 'training.train')
-)
+TRAINING_CODE = imported_modules('looped_lm.training.train')  # the trainer and all it imports, read off the code
 source_hash(TRAINING_CODE)  # read as imported: an edit while this process trains does not relabel its checkpoints
 
 
@@ -447,25 +444,36 @@ def _config_of(run_dir: Path) -> ExperimentConfig | None:
 CODE_OVERRIDE = 'LOOPED_LM_RESUME_OTHER_CODE'  # =1: resume a run with other training code, the change recorded
 
 
+def _made_by(run_dir: Path, ckpt: Path) -> dict | None:
+    "The code that wrote checkpoint `ckpt`: the record in its own state, else the run's `code.json`; None: neither."
+    recorded = _read_state(ckpt).get('code')
+    if not (isinstance(recorded, dict) and recorded.get('source')):
+        recorded = read_json(run_dir / 'code.json', None, damaged=lambda p, e: None)
+    return recorded if isinstance(recorded, dict) and recorded.get('source') else None
+
+
 def check_code(run_dir: Path) -> dict:
     """The code record (`code.json`) of a run about to start or resume in `run_dir`. Resuming a checkpoint written by
-    training code of another source is refused (it would make a run of two code versions), unless `CODE_OVERRIDE` is
-    set to 1: then the earlier code is kept in the record's `earlier`, with the step it trained to."""
-    now, old = code_record(TRAINING_CODE), read_json(run_dir / 'code.json', None, damaged=lambda p, e: None)
-    ckpt = latest_checkpoint(run_dir)
-    if not isinstance(old, dict) or ckpt is None:
+    training code of another source, or by code that no record names (its checkpoint predates code records and the
+    run has no `code.json`), is refused (it would make a run of two code versions), unless `CODE_OVERRIDE` is set to 1:
+    then the earlier code is kept in the record's `earlier`, with the step it trained to."""
+    now, ckpt = code_record(TRAINING_CODE), latest_checkpoint(run_dir)
+    old = read_json(run_dir / 'code.json', None, damaged=lambda p, e: None)
+    old = old if isinstance(old, dict) else {}
+    if ckpt is None:
         return dict(now, earlier=[])
-    if old.get('source') == now['source']:
+    made = _made_by(run_dir, ckpt) or {}
+    if made.get('source') == now['source']:
         return dict(now, earlier=old.get('earlier', []))
-    step = int(ckpt.name.split('-')[1])
+    step, then = int(ckpt.name.split('-')[1]), made.get('source') or 'not recorded'
     if os.environ.get(CODE_OVERRIDE) != '1':
         raise RunDirError(
-            f"{run_dir} was trained to step {step} by other training code (source {old.get('source')} then, "
-            f"{now['source']} now; commit {old.get('commit')} then, {now['commit']} now): resuming would make a run of "
-            f"two code versions. Train it anew with this code (a new out_dir, or delete {run_dir}), or set "
-            f"{CODE_OVERRIDE}=1 to resume it anyway (the change is recorded in its code.json)."
+            f"{run_dir} was trained to step {step} by other training code (source {then} then, {now['source']} now; "
+            f"commit {made.get('commit')} then, {now['commit']} now): resuming would make a run of two code versions. "
+            f"Train it anew with this code (a new out_dir, or delete {run_dir}), or set {CODE_OVERRIDE}=1 to resume "
+            "it anyway (the change is recorded in its code.json)."
         )
-    earlier = {k: old.get(k) for k in ('version', 'source', 'commit')}
+    earlier = {k: made.get(k) for k in ('version', 'source', 'commit')}
     return dict(now, earlier=[*old.get('earlier', []), dict(earlier, until_step=step)])
 
 

@@ -1,0 +1,98 @@
+"""What made a number, with no silent holes: a report measured with other options is cached under its own key and
+never read as the default one; a paused run resumes only under the training code its checkpoint records; the code
+hashed for a run is every package module the trainer imports, read off the code, not a list kept by hand."""
+
+import ast, importlib.util, json
+from pathlib import Path
+import pytest
+import torch
+from looped_lm.core.config import load_preset
+from looped_lm.training.train import train
+from looped_lm.training.rundir import RunDirError, TRAINING_CODE, latest_checkpoint, record_hashes
+from looped_lm.measure.diagnostics import MEASURING_CODE, current_report, diagnose_run
+
+
+@pytest.fixture(scope='module')
+def smoke_run(tmp_path_factory, smoke_data):
+    "A finished 10-step smoke run."
+    rd = tmp_path_factory.mktemp('prov') / 'run'
+    train(
+        load_preset('smoke', train_tokens=10 * 8 * 32, log_every=5, ckpt_every=5), rd, data=smoke_data, progress=False
+    )
+    return rd
+
+
+def test_a_report_with_other_options_never_stands_for_the_default_one(smoke_run, smoke_data):
+    default = diagnose_run(smoke_run, smoke_data, max_batches=5)
+    small = diagnose_run(smoke_run, smoke_data, max_batches=5, subset_tokens=8192)
+    assert small['norms'][-1]['n_tokens'] <= 8192 < default['norms'][-1]['n_tokens']
+    again = diagnose_run(smoke_run, smoke_data, max_batches=5)  # read back, not the 8,192-token report
+    assert again['norms'][-1]['n_tokens'] == default['norms'][-1]['n_tokens'] and 'options' not in again
+    assert current_report(smoke_run)['norms'][-1]['n_tokens'] == default['norms'][-1]['n_tokens']
+    assert small['options'] == {"subset_tokens": 8192} and 'options' not in default
+    same = diagnose_run(smoke_run, smoke_data, max_batches=5, subset_tokens=40960)  # the default value: the default
+    assert same['norms'][-1]['n_tokens'] == default['norms'][-1]['n_tokens'] and 'options' not in same
+
+
+def _paused_run(tmp_path, smoke_data) -> Path:
+    rd = tmp_path / 'paused'
+    cfg = load_preset('smoke', train_tokens=20 * 8 * 32, log_every=5, ckpt_every=5)
+    train(cfg, rd, data=smoke_data, max_steps=10, progress=False)
+    return rd
+
+
+def _rewrite_code(ckpt: Path, code):
+    "The checkpoint's own record of the code that wrote it, replaced (None: removed); its hashes kept consistent."
+    state = torch.load(ckpt / 'state.pt', weights_only=False)
+    state.pop('code', None) if code is None else state.update(code=code)
+    torch.save(state, ckpt / 'state.pt')
+    record_hashes(ckpt)
+
+
+@pytest.mark.parametrize('recorded', ['other code', 'no record'])
+def test_a_paused_run_without_its_code_json_resumes_only_under_its_checkpoints_code(recorded, tmp_path, smoke_data):
+    rd = _paused_run(tmp_path, smoke_data)
+    (rd / 'code.json').unlink()  # deleted, or a run that predates it
+    code = dict(version='0.0.0', source='0123456789abcdef', commit=None) if recorded == 'other code' else None
+    _rewrite_code(latest_checkpoint(rd), code)
+    cfg = load_preset('smoke', train_tokens=20 * 8 * 32, log_every=5, ckpt_every=5)
+    with pytest.raises(RunDirError, match='other training code'):
+        train(cfg, rd, data=smoke_data, progress=False)
+
+
+def test_a_paused_run_whose_code_json_was_deleted_resumes_under_the_same_code(tmp_path, smoke_data):
+    rd = _paused_run(tmp_path, smoke_data)
+    (rd / 'code.json').unlink()
+    cfg = load_preset('smoke', train_tokens=20 * 8 * 32, log_every=5, ckpt_every=5)
+    train(cfg, rd, data=smoke_data, progress=False)  # the checkpoint's own record names this code: resumed
+    assert json.loads((rd / 'code.json').read_text())['earlier'] == []
+
+
+def _package_imports(module: str) -> set:
+    "Package modules that `module` imports (any level, relative or absolute), by another reading of the source."
+    src = Path(importlib.util.find_spec(module).origin).read_text()
+    out = set()
+    for node in ast.walk(ast.parse(src)):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.level:
+            parent = module.rsplit('.', node.level)[0]
+            names = [f'{parent}.{node.module}'] if node.module else [f'{parent}.{a.name}' for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith('looped_lm.'):
+            names = [node.module]
+        out |= {'.'.join(n.split('.')[:3]) for n in names if n.count('.') >= 2}
+    return out
+
+
+@pytest.mark.parametrize(
+    'hashed, root', [(TRAINING_CODE, 'looped_lm.training.train'), (MEASURING_CODE, 'looped_lm.measure.diagnostics')]
+)
+def test_the_hashed_code_is_every_module_the_code_uses(hashed, root):
+    "The closure of `root`'s package imports, function-level ones included, is exactly what is hashed."
+    seen, todo = set(), [root]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += sorted(_package_imports(m))
+    assert 'looped_lm.model.lemmas' in seen  # the training step's radial metric: it was once left out
+    assert set(hashed) == seen, sorted(seen ^ set(hashed))
