@@ -5,10 +5,11 @@ Imported by `run_cpu.py` and `gpu_check.py` (run them as scripts from the reposi
 then on `sys.path`)."""
 
 from __future__ import annotations
-import json, math, os, platform, resource, time
+import json, math, os, resource, time
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
 from looped_lm.core.config import ExperimentConfig, load_preset
+from looped_lm.core.files import machine_record
 from looped_lm.model.looped import LoopedLMConfig, forward_flops_per_token
 from looped_lm.model.looped import LoopedLM, train_flops_per_token, num_params  # noqa: F401 (for run_cpu, gpu_check)
 from looped_lm.training.train import training_objective, make_optimizer
@@ -22,32 +23,12 @@ RESULTS, SCRATCH = HERE / 'results', HERE / '_out'
 
 
 def machine() -> dict:
-    "CPU model, cores, threads torch uses, torch version, and the GPU if there is one."
-    cpu = platform.processor() or ''
-    try:
-        for line in Path('/proc/cpuinfo').read_text().splitlines():
-            if line.startswith('model name'):
-                cpu = line.split(':', 1)[1].strip()
-                break
-    except OSError:
-        pass
-    m = dict(
-        cpu=cpu,
-        cores=os.cpu_count(),
-        torch_threads=torch.get_num_threads(),
-        torch=torch.__version__,
-        cpu_capability=torch.backends.cpu.get_cpu_capability(),
-        python=platform.python_version(),
-        load_average_1min=os.getloadavg()[0],
-    )
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        m.update(
-            gpu=p.name,
-            gpu_count=torch.cuda.device_count(),
-            gpu_mem_gib=round(p.total_memory / 2**30, 1),
-            cuda=torch.version.cuda,
-        )
+    "The package's machine record (CPU model, vector ISA, threads, versions, GPU), plus the load at the start."
+    dev = 'cuda' if torch.cuda.is_available() else 'cpu'
+    m = machine_record(dev)
+    m['load_average_1min'] = os.getloadavg()[0]
+    if dev == 'cuda':
+        m['gpu_mem_gib'] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
     return m
 
 
