@@ -127,7 +127,9 @@ def worth_rules(records: list, seeds=(1, 2, 3)) -> dict:
 
 # %% ../../nbs/06e_worth.ipynb #wor00019
 def _rule_line(rid: str, r: dict) -> str:
-    nums = ', '.join(f"{k} {v:.3g}" for k, v in (r.get('mean') or {}).items() if isinstance(v, float))
+    nums = ', '.join(
+        f"{k} {v:.3g}" for k, v in (r.get('mean') or r.get('numbers') or {}).items() if isinstance(v, float)
+    )
     per = '; '.join(
         f"{s}: " + ', '.join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in p.items())
         if isinstance(p, dict)
