@@ -247,3 +247,24 @@ def test_clamp_verdicts_at_half_and_double_margin_follow_the_records(study):
             )
             got = ms[claim][strength]
             assert (got['verdict'], got['seeds_held']) == (want, f'{held}/{len(seeds)}'), (study, claim, strength)
+
+
+def test_the_readme_quotes_the_depth_worth_numbers_its_records_give():
+    """The README's depth-worth column and reading, recomputed from figures/depth-worth/records alone (validation
+    split, seed means): D, the at-risk and weakest-control gains to exit K, C7's loops saved, C1's ratio."""
+    import json, math
+    from statistics import mean
+
+    readme = (FIGURES.parent / 'README.md').read_text()
+    rules = json.loads((FIGURES / 'depth-worth' / 'rules.json').read_text())['arms']['B1200']
+    recs = [json.loads(x) for f in sorted((FIGURES / 'depth-worth' / 'records').glob('B1200-*.jsonl')) for x in open(f)]
+    ppl = {(r['variant'], r['seed']): [e['ppl'] for e in r['diag']['exits']['validation']] for r in recs}
+    seeds = sorted({s for _, s in ppl})
+    d = mean(math.log(ppl['one-pass', s][0] / ppl['terminal-penalty', s][-1]) for s in seeds)
+    g_k = lambda v: [math.log(ppl[v, s][0] / ppl[v, s][-1]) for s in seeds]
+    at = mean(g_k('perloop-rmsnorm'))
+    weakest = mean(min(g) for g in zip(*(g_k(v) for v in ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty'))))
+    assert f'depth is worth {d:.3f} nats' in readme and f'{d:.3f} nats' in readme, d
+    assert f'the drifting model gains {at:.4f} nats, the weakest control {weakest:.3f}' in readme, (at, weakest)
+    assert f"{rules['R5']['numbers']['loops saved']:.3f} loops earlier" in readme
+    assert rules['R1']['verdict'] == 'holds' and '(R1 holds)' in readme
