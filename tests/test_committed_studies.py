@@ -268,3 +268,17 @@ def test_the_readme_quotes_the_depth_worth_numbers_its_records_give():
     assert f'the drifting model gains {at:.4f} nats, the weakest control {weakest:.3f}' in readme, (at, weakest)
     assert f"{rules['R5']['numbers']['loops saved']:.3f} loops earlier" in readme
     assert rules['R1']['verdict'] == 'holds' and '(R1 holds)' in readme
+
+
+def test_the_claims_and_the_depth_study_share_one_gate():
+    """depth-cpu: at the step its rules read, each arm's claims say C3 and C7 are testable exactly when its R1 holds
+    (they once disagreed: the claims called C3 testable and failed where R1 said one pass is as good as four)."""
+    import json
+    from looped_lm.extensions.depth import official_claims, read_depth_records
+
+    rules = json.loads((FIGURES / 'depth-cpu' / 'rules.json').read_text())
+    recs = read_depth_records(FIGURES / 'depth-cpu')
+    for arm, rs in rules['arms'].items():
+        cl = official_claims(recs, arm, rules['steps']['after'])['primary']
+        assert (cl['testability']['verdict'] == 'testable') == (rs['R1']['verdict'] == 'holds'), arm
+        assert ('not testable' in cl['claims']['C3'].get('evidence', '')) == (rs['R1']['verdict'] != 'holds'), arm
