@@ -3,6 +3,7 @@ from its last checkpoint; `lock_wait` is checked with the other parameters, befo
 
 import shutil
 import pytest
+import torch
 import looped_lm as ll
 from looped_lm.core.config import ConfigError, load_preset
 from looped_lm.training.rundir import DamagedCheckpointError, latest_checkpoint, load_run, run_status
@@ -104,12 +105,16 @@ def test_diagnostics_refuse_token_data_that_is_not_the_runs(finished, tmp_path, 
 def test_a_resume_by_other_training_code_is_refused_or_recorded(tmp_path, smoke_data, monkeypatch):
     "A run paused by one version of the trainer is not finished by another unless asked, and then it says so."
     import json
-    from looped_lm.training.rundir import CODE_OVERRIDE, RunDirError
+    from looped_lm.training.rundir import CODE_OVERRIDE, RunDirError, record_hashes
 
     cfg, run = load_preset('smoke', train_tokens=8 * 8 * 32, ckpt_every=4), tmp_path / 'run'
     assert train(cfg, run, data=smoke_data, progress=False, max_steps=4).status == 'running'
-    code = json.loads((run / 'code.json').read_text())
-    (run / 'code.json').write_text(json.dumps(dict(code, source='0123456789abcdef', commit='an older commit')))
+    code, ck = json.loads((run / 'code.json').read_text()), latest_checkpoint(run)
+    other = dict(code, source='0123456789abcdef', commit='an older commit')  # as an older trainer wrote it
+    (run / 'code.json').write_text(json.dumps(other))
+    state = torch.load(ck / 'state.pt', weights_only=False)
+    torch.save(dict(state, code={k: other[k] for k in ('version', 'source', 'commit')}), ck / 'state.pt')
+    record_hashes(ck)  # the checkpoint's own record of its code: what a resume compares
     with pytest.raises(RunDirError, match='by other training code .* set LOOPED_LM_RESUME_OTHER_CODE=1'):
         train(cfg, run, data=smoke_data, progress=False)
     assert latest_checkpoint(run).name == 'ckpt-000004'  # nothing was touched

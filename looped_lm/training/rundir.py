@@ -446,6 +446,8 @@ CODE_OVERRIDE = 'LOOPED_LM_RESUME_OTHER_CODE'  # =1: resume a run with other tra
 
 def _made_by(run_dir: Path, ckpt: Path) -> dict | None:
     "The code that wrote checkpoint `ckpt`: the record in its own state, else the run's `code.json`; None: neither."
+    if ckpt.is_dir():
+        verify_checkpoint(ckpt)  # a damaged checkpoint is named as such before its state is read
     recorded = _read_state(ckpt).get('code')
     if not (isinstance(recorded, dict) and recorded.get('source')):
         recorded = read_json(run_dir / 'code.json', None, damaged=lambda p, e: None)
