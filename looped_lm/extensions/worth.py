@@ -111,16 +111,16 @@ def worth_rules(records: list, seeds=(1, 2, 3)) -> dict:
     than the design's `seeds` is marked provisional, with the seeds it waits for."""
     out = dict(thresholds=GATE, seeds=list(seeds), arms={})
     for arm in sorted({r['arm'] for r in records}, key=lambda a: int(''.join(filter(str.isdigit, a)) or 0)):
-        step, cell, seeds = _rows_at(records, arm)
+        step, cell, have = _rows_at(records, arm)
         r1, claims = rule_r1(records, arm, step), official_claims(records, arm, step)['primary']['claims']
-        full = all((v, s) in cell for v in (AT_RISK_V, *PER_LOOP_CONTROLS) for s in seeds)
+        full = all((v, s) in cell for v in (AT_RISK_V, *PER_LOOP_CONTROLS) for s in have)
         out['arms'][arm] = dict(
             step=step,
-            seeds=seeds,
-            provisional=[s for s in out['seeds'] if s not in seeds],
+            seeds=have,
+            provisional=[s for s in seeds if s not in have],
             R1=r1,
-            R2=rule_c3(cell, seeds, claims['C3'], r1) if full else dict(verdict='not measured', kind='consequence'),
-            R2b=rule_best_exit(cell, seeds) if full else dict(verdict='not measured', kind='consequence (secondary)'),
+            R2=rule_c3(cell, have, claims['C3'], r1) if full else dict(verdict='not measured', kind='consequence'),
+            R2b=rule_best_exit(cell, have) if full else dict(verdict='not measured', kind='consequence (secondary)'),
             R5=rule_c7(claims['C7'], r1) if claims['C7'].get('per_seed') else dict(verdict='not measured'),
         )
     return out

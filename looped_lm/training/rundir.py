@@ -262,6 +262,7 @@ def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, data: 
     run_dir = Path(run_dir)
     d = run_dir / f'ckpt-{step:06d}'
     tmp = run_dir / f'.{d.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp'
+    config = read_json(run_dir / 'config.json')  # read once: the state records it and its dtype names the machine's
     try:
         _write_checkpoint_files(
             tmp,
@@ -273,11 +274,9 @@ def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, data: 
                 rng=_rng_state(gen),
                 vocab_size=data['vocab_size'],
                 data=data,
-                config=read_json(run_dir / 'config.json'),
+                config=config,
                 code=code_record(TRAINING_CODE),
-                machine=machine_record(
-                    str(next(model.parameters()).device), (read_json(run_dir / 'config.json') or {}).get('dtype')
-                ),
+                machine=machine_record(str(next(model.parameters()).device), (config or {}).get('dtype')),
             ),
         )
         shutil.rmtree(d, ignore_errors=True)
