@@ -374,10 +374,10 @@ def _by_variant(views: dict, names: list, keys: list) -> dict:
 REFERENCE = 'one-pass'  # the depth-value reference a study may train beside its conditions: K = 1, raw readout
 GATE = dict(depth_value=0.02, raw_gain=0.02, drift=10.0)  # nats, nats, at-risk RMS / perloop-raw RMS
 GATE_RUNS = dict(at_risk='perloop-rmsnorm', raw='perloop-raw', terminal='terminal-penalty')
-GATE_FAILS = dict(
-    D='no control uses depth: the depth value D is below 0.02 nats',
-    raw_gain="no control uses depth: perloop-raw's gain to its best exit is below 0.02 nats",
-    s_ratio='the drift is below 10x perloop-raw',
+GATE_FAILS = dict(  # the thresholds said once, in GATE
+    D=f"no control uses depth: the depth value D is below {GATE['depth_value']:g} nats",
+    raw_gain=f"no control uses depth: perloop-raw's gain to its best exit is below {GATE['raw_gain']:g} nats",
+    s_ratio=f"the drift is below {GATE['drift']:g}x perloop-raw",
 )
 
 
