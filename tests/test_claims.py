@@ -36,7 +36,7 @@ FIELDS = [
 
 def test_layout_primary_first_then_extension():
     cl = evaluate_claims(synthetic_study(seeds=(0, 1, 2)))
-    assert list(cl) == ['primary', 'extension', 'preregistration']
+    assert list(cl) == ['machines', 'primary', 'extension', 'preregistration']
     assert cl['primary']['variants'] == GROUPS['official']
     assert cl['extension']['variants'][-2:] == ['internorm', 'layernorm']
     for sec in ('primary', 'extension'):

@@ -96,3 +96,27 @@ def test_the_hashed_code_is_every_module_the_code_uses(hashed, root):
             todo += sorted(_package_imports(m))
     assert 'looped_lm.model.lemmas' in seen  # the training step's radial metric: it was once left out
     assert set(hashed) == seen, sorted(seen ^ set(hashed))
+
+
+def test_a_run_record_names_the_machines_that_trained_and_measured_it(smoke_run, smoke_data, tmp_path):
+    """The ablation's run record (`collect` → `runs.jsonl`) carries the machine of the checkpoint's own state and the
+    one that measured it; the claims name them, and a record made before machines were kept says so."""
+    import shutil
+    from looped_lm.core.files import NO_MACHINE, machine_of
+    from looped_lm.training.rundir import checkpoint_machine
+    from looped_lm.studies.ablation import collect, run_dir_of
+    from looped_lm.studies.tables import run_record
+    from looped_lm.studies.claims import evaluate_claims, claims_markdown
+
+    shutil.copytree(smoke_run, run_dir_of(tmp_path, 'perloop-rmsnorm', 0))
+    diagnose_run(run_dir_of(tmp_path, 'perloop-rmsnorm', 0), smoke_data, max_batches=5)
+    (rec,) = collect(tmp_path, ['perloop-rmsnorm'], [0])
+    trained = checkpoint_machine(latest_checkpoint(smoke_run))
+    assert rec['machine']['trained'] == trained and trained['torch'] == torch.__version__
+    assert rec['machine']['measured']['device'] == 'cpu'
+    line = json.loads(json.dumps(run_record(rec)))
+    assert line['machine'] == rec['machine']
+    where = evaluate_claims([line])['machines']
+    assert where == {f"trained on {machine_of(dict(machine=trained))}": 1}, where
+    old = {k: v for k, v in line.items() if k != 'machine'}
+    assert claims_markdown(evaluate_claims([old])).startswith(f"Made on: {NO_MACHINE} (1 run).")

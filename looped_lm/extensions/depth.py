@@ -403,9 +403,15 @@ def _seeds(rows: list) -> list:
 
 
 def arm_runs(records: list, arm: str, step: int, variants=None) -> list:
-    "The arm's records at `step` (of `variants`, default all) as run records: what the claims and their gate read."
+    "The arm's records at `step` (of `variants`, default all) as run records, with their machine: what claims read."
     return [
-        dict(variant=r['variant'], seed=r['seed'], status='done', diag=r['diag'])
+        dict(
+            variant=r['variant'],
+            seed=r['seed'],
+            status='done',
+            diag=r['diag'],
+            **{k: r[k] for k in ['machine'] if k in r},
+        )
         for r in records
         if r['arm'] == arm and r['step'] == step and (variants is None or r['variant'] in variants)
     ]

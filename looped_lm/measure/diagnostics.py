@@ -8,10 +8,10 @@ calibrated halting, per-token norms, throughput per exit depth."""
 from __future__ import annotations
 import warnings
 from pathlib import Path
-from ..core.files import file_content_sha, source_hash, imported_modules
+from ..core.files import file_content_sha, source_hash, imported_modules, machine_record
 from ..core.config import format_number
 from ..training.rundir import check_run_data, read_json
-from ..training.rundir import latest_checkpoint, read_metrics, run_status
+from ..training.rundir import latest_checkpoint, read_metrics, run_status, checkpoint_machine
 import dataclasses, hashlib, inspect
 import json
 import math
@@ -601,7 +601,8 @@ def _report_file(run_dir: Path, options: dict) -> Path:
 def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> DiagnosticReport:
     """Cached `diagnose` of a run's newest checkpoint (`diagnostics.json`, keyed by checkpoint, `DIAG_VERSION`, the
     measuring code's source, batches and the token data's fingerprint); data that is not the run's is refused first.
-    `kw` (`diagnose`'s options) that change what is measured are part of the key and cached in a file of their own."""
+    `kw` (`diagnose`'s options) that change what is measured are part of the key and cached in a file of their own.
+    The report names the machines that trained the checkpoint and measured it (`machine`: not part of the key)."""
     run_dir = Path(run_dir)
     if data is not None:  # None: only a cached report can answer
         check_run_data(run_dir, data)
@@ -630,6 +631,6 @@ def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> 
         ce_chunk=cfg.ce_chunk,
         **kw,
     )
-    rep.update(key)
+    rep.update(key, machine=dict(trained=checkpoint_machine(ckpt), measured=machine_record(device, cfg.dtype)))
     write_atomic(p, json.dumps(rep))
     return rep

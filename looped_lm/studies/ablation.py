@@ -122,7 +122,8 @@ def _train_radial(metrics: list) -> float:
 # %% ../../nbs/04d_ablation.ipynb #71d24da3
 def collect(out_dir, variants, seeds) -> list:
     """The study's one result object, rebuilt from its run folders alone: per (variant, seed) `read_run`'s record
-    (status, report, training metrics, config) and the training radial fraction; read by tables, claims, figures."""
+    (status, report, training metrics, config), the training radial fraction and the machines that trained and measured
+    it; read by tables, claims, figures."""
     records = []
     for v in check_variants(variants):
         for s in check_seeds(seeds, []):
@@ -130,6 +131,7 @@ def collect(out_dir, variants, seeds) -> list:
             rec = dict(variant=v, seed=s, run_dir=str(rd), **read_run(rd))
             if rec['status'] == 'done':
                 rec['radial_train'] = _train_radial(rec['metrics'])
+                rec['machine'] = rec['diag'].get('machine')  # trained and measured on; None: a report before machines
             records.append(rec)
     return records
 

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 from ..measure.protocol import CLAMPS
 from ..measure.radial import unaligned_cos
-from ..core.files import write_atomic, read_json_lines
+from ..core.files import write_atomic, read_json_lines, machine_of, NO_MACHINE
 from ..core.config import format_number
 from ..measure.diagnostics import HEAVY_TAIL_HILL
 from ..measure.diagnostics import radial_scale_of
@@ -427,12 +427,16 @@ def evidence_tags(views: dict, names: list, gate: dict) -> dict:
     "{claim: the kind of evidence its verdict is}, from the seed-averaged measures of `names` and `depth_gate`."
     mean, tags = views['mean'], {}
     nrm = [n for n in names if VARIANTS[n].final_readout_normalized]
-    scale = _vals(mean, nrm, 'radial scale')
+    scale, sides = _vals(mean, nrm, 'radial scale'), []
     if scale is not None and max(scale) * 100 <= MARGINS['blind_normalized']:
-        tags['C2'] = (
-            f"normalized side entailed by the lemma: eps/mean(H²) ≤ {max(scale):.1e}, a hundredth of its margin or "
-            'less; the raw side is the test'
+        sides.append(f"normalized side entailed by the lemma: eps/mean(H²) ≤ {max(scale):.1e}, ≤ 1/100 of its margin")
+    if MARGINS['blind_raw'] < 1 and _vals(mean, [n for n in names if n not in nrm], 'width') is not None:
+        sides.append(  # its threshold is a fraction of a random direction's E|cos|, at any width
+            f"raw side powerless against chance: a gradient at random to H passes it (E|cos| = √(2/(πd)), "
+            f"{1 / MARGINS['blind_raw']:g}× its threshold at any width); it fails only for a gradient held ⟂ H"
         )
+    if sides:
+        tags['C2'] = '; '.join(sides)
     if _vals(mean, nrm, 'lemma ratio') is not None:
         tags['L1'] = "identity: our float64 measurement against the lemma's closed form, not a training outcome"
     if gate['verdict'] != 'testable':
@@ -477,61 +481,6 @@ def claim_set(records, names: list, gate: dict = None) -> dict:
     for cid, tag in evidence_tags(views, names, gate).items():
         out[cid]['evidence'] = tag
     return out
-
-# %% ../../nbs/04c_claims.ipynb #cb30ac4b
-CHOICE_RECORD = Path('figures/preset-choice/choice.json')  # per preset: what it was chosen on, its longer runs
-CLAIM_MARGINS = {n: c.margins for n, c in {**CLAIMS, **CHECKS}.items()}  # each claim's margins (`Claim.margins`)
-
-
-def preset_choice(preset: str, root=None) -> dict | None:
-    "How `preset` was chosen (`CHOICE_RECORD` of the repository), or None: no preset, no record, not in it."
-    path = Path(root if root is not None else repo_root()) / CHOICE_RECORD
-    if preset is None or not path.is_file():
-        return None
-    try:
-        choice = json.loads(path.read_text()).get(preset)
-    except (ValueError, AttributeError) as e:
-        raise ValueError(f"{path} is not a JSON object of presets ({e}) → fix or remove it.") from None
-    if choice is None:
-        return None
-    bad = set(choice.get('chosen_on', ())) - set(MARGINS)
-    runs = choice.get('longer_runs') or {}
-    if bad or not isinstance(choice.get('criterion'), str) or (runs and not {'records', 'lr'} <= set(runs)):
-        raise ValueError(
-            f"{path}: the entry of {preset!r} needs 'chosen_on' (keys of MARGINS; unknown: {sorted(bad)}), "
-            "'criterion' (words) and, if any, 'longer_runs' with 'records' (a folder) and 'lr' → fix that entry."
-        )
-    return dict(choice, root=str(path.parents[2]))
-
-# %% ../../nbs/04c_claims.ipynb #5aa2e4d4
-def longer_records(choice: dict) -> list:
-    "The last checkpoint of each longer run of the chosen setting, as run records (variant, seed, status, diag, step)."
-    last = {}
-    for f in sorted((Path(choice['root']) / choice['longer_runs']['records']).glob('*.jsonl')):
-        for r in read_json_lines(f, strict=True):  # committed records: a damaged line is refused, never skipped
-            key = (r['variant'], r['seed'])
-            if math.isclose(r['lr'], choice['longer_runs']['lr']) and r['step'] >= last.get(key, {}).get('step', -1):
-                last[key] = dict(variant=r['variant'], seed=r['seed'], status='done', diag=r['diag'], step=r['step'])
-    return list(last.values())
-
-
-def context_tags(claims: dict, names: list, choice: dict) -> dict:
-    "{claim: tag}: *selected for* (its margins include what the preset was chosen on), *transient* (see above)."
-    tags = {
-        c: f"selected for: the preset was chosen on {choice['criterion']}"
-        for c in claims
-        if set(CLAIM_MARGINS[c]) & set(choice.get('chosen_on', ()))
-    }
-    later = longer_records(choice) if choice.get('longer_runs') else []
-    if not later:
-        return tags
-    steps, seeds = sorted({r['step'] for r in later}), sorted({r['seed'] for r in later})
-    for c, v in claim_set(later, names).items():
-        if claims[c]['verdict'] in ('reproduced', 'partly') and v['verdict'] == 'not reproduced at this scale':
-            where = f"{choice['longer_runs']['records']}, step {steps[-1]:,}, seeds {', '.join(map(str, seeds))}"
-            now = f"transient: the same setting trained longer ({where}) does not reproduce it ({v['seeds_held']})"
-            tags[c] = '; '.join(t for t in (tags.get(c), now) if t)  # a claim can be selected for and transient
-    return tags
 
 # %% ../../nbs/04c_claims.ipynb #2d361560
 STRENGTHS = (0.5, 1.0, 2.0)  # half of every claimed effect (looser), the margin itself, double it (stricter)
@@ -579,6 +528,160 @@ def margin_sensitivity(records, names: list, judged: dict = None) -> dict:
     pick = lambda c: dict(verdict=c['verdict'], seeds_held=c['seeds_held'])
     return {cid: {f'{f:g}': pick(at[f][cid]) for f in STRENGTHS} for cid in at[1]}
 
+# %% ../../nbs/04c_claims.ipynb #cb30ac4b
+CHOICE_RECORD = Path('figures/preset-choice/choice.json')  # per preset: what it was chosen on, its longer runs
+CLAIM_MARGINS = {n: c.margins for n, c in {**CLAIMS, **CHECKS}.items()}  # each claim's margins (`Claim.margins`)
+
+
+def preset_choice(preset: str, root=None) -> dict | None:
+    "How `preset` was chosen (`CHOICE_RECORD` of the repository), or None: no preset, no record, not in it."
+    path = Path(root if root is not None else repo_root()) / CHOICE_RECORD
+    if preset is None or not path.is_file():
+        return None
+    try:
+        choice = json.loads(path.read_text()).get(preset)
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"{path} is not a JSON object of presets ({e}) → fix or remove it.") from None
+    if choice is None:
+        return None
+    bad = set(choice.get('chosen_on', ())) - set(MARGINS)
+    runs, ex = choice.get('longer_runs') or {}, choice.get('excluded') or []
+    pick = {'lr', 'step'} <= set(choice.get('chosen') or {}) and all({'lr', 'step', 'by'} <= set(e) for e in ex)
+    if (
+        bad
+        or not isinstance(choice.get('criterion'), str)
+        or (runs and not {'records', 'lr'} <= set(runs))
+        or (ex and not (pick and isinstance(choice.get('candidates'), str)))
+    ):
+        raise ValueError(
+            f"{path}: the entry of {preset!r} needs 'chosen_on' (keys of MARGINS; unknown: {sorted(bad)}), "
+            "'criterion' (words); if any, 'longer_runs' with 'records' (a folder) and 'lr', and 'excluded' (each "
+            "with 'lr', 'step', 'by') with 'chosen' ('lr', 'step') and 'candidates' (a folder) → fix that entry."
+        )
+    return dict(choice, root=str(path.parents[2]))
+
+# %% ../../nbs/04c_claims.ipynb #5aa2e4d4
+def records_at(choice: dict, folder: str, lr: float, step: int = None) -> list:
+    """The runs at `lr` of a committed records `folder` of the choice's repository, each at checkpoint `step` (None:
+    its last), as run records (variant, seed, status, diag, step)."""
+    last = {}
+    for f in sorted((Path(choice['root']) / folder).glob('*.jsonl')):
+        for r in read_json_lines(f, strict=True):  # committed records: a damaged line is refused, never skipped
+            key = (r['variant'], r['seed'])
+            if not math.isclose(r['lr'], lr) or (step is not None and r['step'] != step):
+                continue
+            if r['step'] >= last.get(key, {}).get('step', -1):
+                last[key] = dict(variant=r['variant'], seed=r['seed'], status='done', diag=r['diag'], step=r['step'])
+    return list(last.values())
+
+
+def longer_records(choice: dict) -> list:
+    "The last checkpoint of each longer run of the chosen setting (`choice['longer_runs']`), as run records."
+    return records_at(choice, choice['longer_runs']['records'], choice['longer_runs']['lr'])
+
+
+def _where(folder: str, records: list) -> str:
+    steps, seeds = sorted({r['step'] for r in records}), sorted({r['seed'] for r in records})
+    return f"{folder}, step {steps[-1]:,}, seeds {', '.join(map(str, seeds))}"
+
+# %% ../../nbs/04c_claims.ipynb #cla0cont
+NOT_REPRODUCED = 'not reproduced at this scale'
+RANK = {'reproduced': 2, 'partly': 1, NOT_REPRODUCED: 0}  # how far a verdict reproduces the claim
+
+
+def contingent_tags(claims: dict, names: list, choice: dict) -> dict:
+    """{claim: tag} for each of `claims` whose verdict differs between the chosen candidate and one the criterion
+    excluded, over the variants of `names` and the seeds both have: *selected for* when the chosen one is better and
+    the claim holds (or partly) in the study, else *contingent on the choice*."""
+    tags, ch = {}, choice.get('chosen')
+    for ex in choice.get('excluded') or []:
+        a, b = (records_at(choice, choice['candidates'], c['lr'], c['step']) for c in (ch, ex))
+        both = lambda key: {r[key] for r in a} & {r[key] for r in b}
+        have = [n for n in names if n in both('variant')]
+        runs = lambda rs: [r for r in rs if r['variant'] in have and r['seed'] in both('seed')]
+        va, vb = claim_set(runs(a), have), claim_set(runs(b), have)
+        for c in claims:
+            x, y = va[c]['verdict'], vb[c]['verdict']
+            if x != y and x in RANK and y in RANK:
+                better = RANK[x] > RANK[y] and claims[c]['verdict'] in ('reproduced', 'partly')
+                tags.setdefault(c, []).append(
+                    f"{'selected for' if better else 'contingent on the choice'}: at lr {ex['lr']:g}, step "
+                    f"{ex['step']:,} (excluded by {ex['by']}) {y} ({vb[c]['seeds_held']}), at the chosen lr "
+                    f"{ch['lr']:g}, step {ch['step']:,} {x} ({va[c]['seeds_held']}), {', '.join(have)} of "
+                    f"{choice['candidates']}"
+                )
+    return {c: '; '.join(t) for c, t in tags.items()}
+
+# %% ../../nbs/04c_claims.ipynb #cla0tran
+def _transient_at(records, later, names: list, c: str, strength: float) -> tuple:
+    "(whether claim `c` is transient with every margin scaled by `strength`, the longer runs' verdict there)."
+    with _judged_with(margins_at(strength)):
+        now, then = claim_set(records, names)[c], claim_set(later, names)[c]
+    return now['verdict'] in ('reproduced', 'partly') and then['verdict'] == NOT_REPRODUCED, then
+
+
+def _edge(records, later, names, c, inside: float, outside: float, steps: int = 12) -> float:
+    "The strength between `inside` (the tag fires) and `outside` (it does not) where the tag stops firing."
+    for _ in range(steps):
+        mid = (inside + outside) / 2
+        inside, outside = (mid, outside) if _transient_at(records, later, names, c, mid)[0] else (inside, mid)
+    return inside
+
+
+def transient_tags(records, names: list, claims: dict, choice: dict) -> dict:
+    """{claim: tag}: *transient* for each of `claims` reproduced (or partly) in `records` but not at the longer runs'
+    last checkpoint; *fragile*, with the range of margins where it fires, when it stops inside ½ to 2× the margin."""
+    later, tags = longer_records(choice) if choice.get('longer_runs') else [], {}
+    for c in claims if later else ():
+        fires, then = _transient_at(records, later, names, c, 1.0)
+        if not fires:
+            continue
+        tag = f"transient: the same setting trained longer ({_where(choice['longer_runs']['records'], later)}) "
+        tag += f"does not reproduce it ({then['seeds_held']})"
+        lo, hi = (_edge(records, later, names, c, 1.0, f) if not _transient_at(records, later, names, c, f)[0] else f
+                  for f in (STRENGTHS[0], STRENGTHS[-1]))  # fmt: skip
+        if (lo, hi) != (STRENGTHS[0], STRENGTHS[-1]):
+            tag += f"; fragile: it fires only from {lo:.2f}× to {hi:.2f}× the margin"
+        tags[c] = tag
+    return tags
+
+# %% ../../nbs/04c_claims.ipynb #cla0ctx
+def testable_later_tags(names: list, claims: dict, gate: dict, choice: dict) -> dict:
+    """{claim: tag} for C3 and C7 when the gate leaves them untestable here but the longer runs (their one-pass runs
+    with them) pass it: their verdict there, read with that gate."""
+    later = longer_records(choice) if choice.get('longer_runs') else []
+    if not later or gate.get('verdict') != 'not testable':
+        return {}
+    runs = [r for r in later if r['variant'] in names or r['variant'] == REFERENCE]
+    then_gate = depth_gate(runs)
+    if then_gate['verdict'] != 'testable':
+        return {}
+    then = claim_set([r for r in runs if r['variant'] != REFERENCE], names, then_gate)
+    where = _where(choice['longer_runs']['records'], later)
+    return {
+        c: f"testable later: at {where} the gate holds and it is {then[c]['verdict']} ({then[c]['seeds_held']})"
+        for c in ('C3', 'C7')
+        if c in claims
+    }
+
+
+def context_tags(records, names: list, claims: dict, choice: dict, gate: dict) -> dict:
+    "{claim: tag}: selected for or contingent, transient (fragile), testable later; one claim can carry several."
+    judged = {c: v for c, v in claims.items() if not v.get('evidence', '').startswith('not testable')}
+    tags = {
+        c: [f"selected for: the preset was chosen on {choice['criterion']}"]
+        for c in judged
+        if set(CLAIM_MARGINS[c]) & set(choice.get('chosen_on', ()))
+    }
+    for part in (
+        contingent_tags(judged, names, choice),
+        transient_tags(records, names, judged, choice),
+        testable_later_tags(names, claims, gate, choice),
+    ):
+        for c, t in part.items():
+            tags.setdefault(c, []).append(t)
+    return {c: '; '.join(t) for c, t in tags.items()}
+
 # %% ../../nbs/04c_claims.ipynb #f95512dc
 SECTIONS = dict(
     primary="Primary analysis (pre-registered): {official}, claims as the paper states them",
@@ -596,6 +699,21 @@ def official_label(names: list) -> str:
     )
     return SECTIONS['primary'].format(official=which)
 
+# %% ../../nbs/04c_claims.ipynb #cla0mach
+def record_machines(records) -> dict:
+    """{where: runs}: the machines `records` were made on, each as one line (`machine_of`), with how many runs; a run
+    record names the machines that trained and measured it, a study's record the one it was made on."""
+    out = {}
+    for r in records:
+        m = r.get('machine')
+        if isinstance(m, dict) and {'trained', 'measured'} <= set(m):
+            t, ms = (machine_of(dict(machine=m[k])) for k in ('trained', 'measured'))
+            line = f"trained on {t}" + ('' if ms == t else f"; measured on {ms}")
+        else:
+            line = machine_of(r)  # a study's record: the one machine it was made on (or NO_MACHINE)
+        out[line] = out.get(line, 0) + 1
+    return out
+
 # %% ../../nbs/04c_claims.ipynb #56091827
 def evaluate_claims(records, preset: str = None, root=None) -> dict:
     """The pre-registered claims: `primary` over the study's official conditions, `extension` over all its variants,
@@ -612,7 +730,7 @@ def evaluate_claims(records, preset: str = None, root=None) -> dict:
         gate = depth_gate([r for r in records if r['variant'] in names] + ref) if judged else {}
         both = claim_set(records, names, gate) if judged else {}
         ms = margin_sensitivity(records, names, both) if judged else {}
-        for c, tag in (context_tags(both, names, choice) if judged and choice else {}).items():
+        for c, tag in (context_tags(records, names, both, choice, gate) if judged and choice else {}).items():
             both[c]['evidence'] = '; '.join(t for t in (both[c].get('evidence'), tag) if t)
         claims, checks = ({c: v for c, v in both.items() if c in group} for group in (CLAIMS, CHECKS))
         return dict(
@@ -625,6 +743,7 @@ def evaluate_claims(records, preset: str = None, root=None) -> dict:
         )
 
     return dict(
+        machines=record_machines(records + ref),
         primary=section('primary', official, True),
         extension=section('extension', ext, bool(ext)),
         preregistration=dict(
@@ -645,7 +764,8 @@ def evaluate_claims(records, preset: str = None, root=None) -> dict:
 def claims_markdown(cl: dict) -> str:
     """The claims as Markdown, a table per section: statement, numbers on seed-averaged measures [per-seed range] in the
     table style, seeds, verdict."""
-    out = []
+    where = '; '.join(f"{w} ({n} run{'s' * (n > 1)})" for w, n in (cl.get('machines') or {}).items())
+    out = [f'Made on: {where}.', ''] if where else []
     for sec in ('primary', 'extension'):
         s = cl[sec]
         out += [f"## {s['label']}", '', f"Variants: {', '.join(s['variants']) or 'none in this study'}.", '']

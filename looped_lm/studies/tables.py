@@ -460,7 +460,7 @@ _FIGURES_ONLY = ('hist', 'edges')  # the per-token norm histogram: drawn, never 
 
 def run_record(r) -> dict:
     "One (variant, seed) as the tables and claims read it: no path, only the diagnostics they use (no histogram)."
-    rec = {k: r[k] for k in ('variant', 'seed', 'status', 'message', 'radial_train') if k in r}
+    rec = {k: r[k] for k in ('variant', 'seed', 'status', 'message', 'radial_train', 'machine') if k in r}
     d = r.get('diag')
     if d is not None:
         rec['diag'] = {k: d[k] for k in RECORD_DIAG if k in d}

@@ -27,8 +27,8 @@ from ..model.looped import LoopedLM, LoopedLMConfig
 
 # %% auto #0
 __all__ = ['CODE_OVERRIDE', 'RunDirError', 'read_json', 'run_status', 'read_metrics', 'DamagedCheckpointError',
-           'verify_checkpoint', 'CheckpointWriteError', 'latest_checkpoint', 'restore_config', 'check_code',
-           'check_run_data', 'load_run']
+           'verify_checkpoint', 'CheckpointWriteError', 'checkpoint_machine', 'latest_checkpoint', 'restore_config',
+           'check_code', 'check_run_data', 'load_run']
 
 # %% ../../nbs/02b_rundir.ipynb #5593e09a
 class RunDirError(RuntimeError):
@@ -290,6 +290,12 @@ def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, data: 
     for old in [*run_dir.glob('ckpt-*'), *run_dir.glob('.ckpt-*.tmp')]:  # under the run's lock: no other writer
         if old.name != d.name:
             shutil.rmtree(old, ignore_errors=True)
+
+# %% ../../nbs/02b_rundir.ipynb #ckmach01
+def checkpoint_machine(ckpt_dir) -> dict | None:
+    "The machine that trained checkpoint `ckpt_dir` (its state's `machine_record`); None: written before it was kept."
+    m = _read_state(Path(ckpt_dir)).get('machine')
+    return m if isinstance(m, dict) else None
 
 # %% ../../nbs/02b_rundir.ipynb #174f1e34
 def latest_checkpoint(run_dir):
