@@ -1,4 +1,4 @@
-"""Bits per byte over the bytes a tokenizer gives back (issue 24): the sidecars' `n_bytes_decoded` beside `n_bytes`.
+"""Bits per byte over the bytes a tokenizer gives back: the sidecars' `n_bytes_decoded` beside `n_bytes`.
 
 `n_bytes` counts the UTF-8 bytes of the source text (the rows, plus the regex stream's joins); `n_bytes_decoded` counts
 those of `tok.decode(ids)`, where an `<unk>` gives back no byte and characters that no regex token matches were never

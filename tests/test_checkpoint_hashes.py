@@ -1,4 +1,4 @@
-"""Checkpoints carry the SHA-256 of their files (issue 22).
+"""Checkpoints carry the SHA-256 of their files.
 
 Each checkpoint records the content hash of its weights and its trainer state in `hashes.json` when it is written.
 Resuming, `load_run` and the diagnostics (which load through `load_run`) check them first: a swapped weights file,

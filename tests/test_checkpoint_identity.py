@@ -1,4 +1,4 @@
-"""A checkpoint is what its folder says (issue 34): its recorded step matches its name, and a finished run is read only
+"""A checkpoint is what its folder says: its recorded step matches its name, and a finished run is read only
 from its last checkpoint; `lock_wait` is checked with the other parameters, before any work."""
 
 import shutil

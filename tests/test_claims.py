@@ -1,4 +1,4 @@
-"""The pre-registered claims and their records (issue 24).
+"""The pre-registered claims and their records.
 
 Layout: the primary analysis over the paper's seven official conditions comes first, the extension (every variant of
 the study) second. Each claim fails when one member of its group fails it, in the section it speaks of. C2 tests the

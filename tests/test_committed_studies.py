@@ -282,3 +282,24 @@ def test_the_claims_and_the_depth_study_share_one_gate():
         cl = official_claims(recs, arm, rules['steps']['after'])['primary']
         assert (cl['testability']['verdict'] == 'testable') == (rs['R1']['verdict'] == 'holds'), arm
         assert ('not testable' in cl['claims']['C3'].get('evidence', '')) == (rs['R1']['verdict'] != 'holds'), arm
+
+
+def test_the_readme_quotes_the_tags_and_the_harness_numbers_their_records_give():
+    """The `cpu` column's tags (C4a and C6 selected for by the lr the criterion turned down, C6 fragile from its edge),
+    recomputed by the claims code from figures/cpu-3seeds and the horizon records; and the harness comparison at
+    `cpu`, read from its committed record (which names its machine)."""
+    import json, re
+    from looped_lm.studies.claims import evaluate_claims, read_run_records
+
+    readme = (FIGURES.parent / 'README.md').read_text()
+    claims = evaluate_claims(read_run_records(FIGURES / 'cpu-3seeds'), 'cpu', FIGURES.parent)['primary']['claims']
+    for c in ('C4a', 'C6'):
+        held = re.search(r'at lr 0\.003, step 800 \(excluded by [^)]*\) [a-z ]+ \((\d/3)\)', claims[c]['evidence'])
+        assert held and f"*selected for* (lr 3e-3: {held.group(1)[0]}/3)" in readme, (c, claims[c]['evidence'])
+    edge = re.search(r'fires only from ([\d.]+)× to', claims['C6']['evidence']).group(1)
+    assert f'fires from {edge}× its margin' in readme and 'transient' in claims['C6']['evidence']
+    assert 'powerless against chance' in claims['C2']['evidence']
+    harness = json.loads((FIGURES.parent / 'benchmarks' / 'results' / 'lm_eval_cpu.json').read_text())
+    ours, theirs = harness['rows'][0]['bpb'], harness['rows'][-1]['bpb']
+    assert f'{theirs:.4f} vs {ours:.4f}' in readme, (theirs, ours)
+    assert harness['preset'] == 'cpu' and harness['context'] == 64 and harness['machine']['cpu_capability']

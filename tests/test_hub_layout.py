@@ -1,4 +1,4 @@
-"""The Hub path of `load_corpus` (issue 23), offline: `load_dataset('Salesforce/wikitext', corpus)` with no local copy.
+"""The Hub path of `load_corpus`, offline: `load_dataset('Salesforce/wikitext', corpus)` with no local copy.
 
 A tiny WikiText-103 is written in the Hub repository's own layout: a huggingface_hub cache snapshot
 `datasets--Salesforce--wikitext/{refs/main, snapshots/<commit>/README.md, snapshots/<commit>/wikitext-103-raw-v1/

@@ -1,4 +1,4 @@
-"""The visibility lemma per token (issue 24, claim C2): through an RMSNorm or LayerNorm readout the radial fraction of
+"""The visibility lemma per token (claim C2): through an RMSNorm or LayerNorm readout the radial fraction of
 the CE gradient is predicted exactly, token by token, from the gradient at the norm's output (`radial_exact`), and
 `radial_fractions` records that prediction (`exact`, the quantiles of measured/exact over tokens, the median |cot|)
 beside the measurement, in float64. Reports older than DIAG_VERSION 5 lack those fields and are recomputed.

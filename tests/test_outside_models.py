@@ -1,4 +1,4 @@
-"""Diagnostics of looped models published by others, installed from PyPI (issue 33): every number recomputed here.
+"""Diagnostics of looped models published by others, installed from PyPI: every number recomputed here.
 
 Two looped-depth models written by others, each trained a few hundred steps on a small committed text
 (`tests/fixtures/outside_text.txt`, characters as tokens), described through the specs of `nbs/03d_outside.ipynb`
@@ -268,10 +268,9 @@ def test_a_loop_over_blocks_of_the_sequence_is_refused_before_any_work():
     # the attention block runs once per block of 8 tokens: hooked as if it were a loop over depth
     spec = from_hooks(m, m.layers[0][0], lambda h, ctx, k: m.to_logits(h), K=SEQ // 8, state='block output')
     for diagnose in (lambda: check_spec(spec, windows()[0][0]), lambda: radial_fractions(spec, IDS, BATCH, SEQ)):
-        t0 = time.perf_counter()
         with pytest.raises(LoopSpecError, match='blocks of the SEQUENCE') as e:
             diagnose()
-        assert time.perf_counter() - t0 < 2 and 'holds 8 positions for' in str(e.value)
+        assert 'holds 8 positions for' in str(e.value)
         assert 'the CE per block of the sequence' in str(e.value)  # what to measure instead
 
 
@@ -296,7 +295,7 @@ def positional_spec(R: int = 1, max_len: int = SEQ) -> LoopSpec:
 
 
 def test_the_context_probe_builds_contexts_of_the_tokens_length():
-    "Fails on the code before issue 33: the probe asked init for 33 tokens (the state's length) and died."
+    "Failed on earlier code: the probe asked init for 33 tokens (the state's length) and died."
     x = torch.as_tensor(IDS[: 2 * (SEQ + 1)]).view(2, SEQ + 1)  # 32 inputs + 1 target: the position table's length
     r = check_spec(positional_spec(), x)
     assert r['slice_rel_diff'] < 1e-6
@@ -326,7 +325,7 @@ def growing_spec() -> tuple:
 
 
 def test_a_context_the_loop_grows_is_sliced_without_slice_ctx():
-    "Fails on the code before issue 33: the context holds 5 tensors after 4 loops, its probe of init found 1."
+    "Failed on earlier code: the context holds 5 tensors after 4 loops, its probe of init found 1."
     (spec, emb), ids = growing_spec(), IDS[: 4 * SEQ + 1]
     assert check_spec(spec, windows()[0][0])['slice_rel_diff'] < 1e-6
     whole, pieces = eval_exits(spec, ids, 4, SEQ), eval_exits(spec, ids, 4, SEQ, ce_chunk=SEQ)  # one sequence a piece

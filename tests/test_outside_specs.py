@@ -1,4 +1,4 @@
-"""Diagnostics of looped models we did not write (issue 22): no wrong diagnostic number without an error.
+"""Diagnostics of looped models we did not write: no wrong diagnostic number without an error.
 
 Two outside models, each described by a LoopSpec of about ten lines: a Huginn-style looped LM (rotary tables in the
 loop context, the embedded input re-injected at every recurrence, a coda block with rotary attention in the readout)

@@ -1,4 +1,4 @@
-"""Batches of the user's own (issue 33): sequences padded to one length with a mask, read by every diagnostic.
+"""Batches of the user's own: sequences padded to one length with a mask, read by every diagnostic.
 
 What a padded batch reports must be what the same sequences report run one by one, unpadded: each number here is
 recomputed on each sequence alone through the model's own forward (no `PaddedTokens`, no protocol; the clamps' by

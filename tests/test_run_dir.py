@@ -262,7 +262,7 @@ def test_cli_missing_data_is_one_line_and_leaves_no_folder(tmp_path):
     assert not (tmp_path / 'runs').exists()  # no empty folder left behind, neither the run's nor its parent
 
 
-# ---- progress you can watch (issue 12) ------------------------------------------------------------------------------
+# ---- progress you can watch ------------------------------------------------------------------------------
 
 
 def test_progress_lines(tmp_path, smoke_data, capsys):

@@ -1,4 +1,4 @@
-"""A state of several tensors (issue 33): `LoopSpec(state_key=...)` names the one to measure.
+"""A state of several tensors: `LoopSpec(state_key=...)` names the one to measure.
 
 A loop that carries an answer y and a latent z is described twice: with `state_key='y'` (init and step return the
 pair, readout takes it) and by hand in the pattern the chapters used before (y is the state, each loop's z is kept in

@@ -3,7 +3,7 @@
 Parameters: every accepted form of `seeds`/`variants` gives the same list; every refused value fails before any
 folder exists (the claims are tested in tests/test_claims.py).
 Workers: two worker processes give the same tables as one (smoke, 2 variants x 1 seed).
-Locks (issue 22), with real processes: a run another process holds is trained after the others once free, or
+Locks, with real processes: a run another process holds is trained after the others once free, or
 reported as 'locked' after the wait; the study lock outwaits the kernel of a kill -9'd papermill job; a script that
 starts a two-worker study without a `__main__` guard gets a clear error before any work, not a BrokenProcessPool.
 """
@@ -120,7 +120,7 @@ def test_two_workers_give_the_same_tables(tmp_path, smoke_data):
     assert [r['status'] for r in one] == [r['status'] for r in two] == ['done', 'done']
 
 
-# ---- locks and workers from scripts (issue 22) ----
+# ---- locks and workers from scripts ----
 
 HOLD = """
 import os, sys, time

@@ -1,4 +1,4 @@
-"""Models the field's tools load and score (issue 35): a trained `smoke` run saved as a `transformers` folder loads
+"""Models the field's tools load and score: a trained `smoke` run saved as a `transformers` folder loads
 in a fresh interpreter with `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` (looped_lm never
 imported) and gives `LoopedLM.from_run`'s logits at every exit and its greedy tokens; lm-evaluation-harness scores it
 on the local WikiText with its own `HFLM` and agrees with our code on the same windows. Skipped without the `eval`
@@ -7,9 +7,10 @@ extra (`pip install -e '.[eval]'`); offline."""
 import json, math, os, re, subprocess, sys
 import pytest, torch
 
-transformers = pytest.importorskip('transformers')
-lm_eval = pytest.importorskip('lm_eval')
-pytest.importorskip('accelerate')  # lm-eval's HFLM imports it (the `hf` extra of lm-eval)
+EXTRA = "the `eval` extra is not installed (pip install -e '.[eval]', or scripts/setup.sh)"
+transformers = pytest.importorskip('transformers', reason=EXTRA)
+lm_eval = pytest.importorskip('lm_eval', reason=EXTRA)
+pytest.importorskip('accelerate', reason=EXTRA)  # lm-eval's HFLM imports it (the `hf` extra of lm-eval)
 
 import looped_lm.interop.hub  # noqa: E402,F401 (attaches LoopedLM.from_run)
 from looped_lm.core.config import load_preset  # noqa: E402
@@ -58,7 +59,7 @@ def test_folder_holds_code_config_weights_tokenizer(folder):
 
 
 def test_fresh_interpreter_trust_remote_code_equals_from_run(run, folder, smoke_data, tmp_path):
-    "The acceptance test of issue 35: logits at every exit and greedy tokens, without importing looped_lm."
+    "The acceptance test: logits at every exit and greedy tokens, without importing looped_lm."
     model = LoopedLM.from_run(run)
     x = torch.as_tensor(smoke_data.test[: 4 * 32].astype('int64')).view(4, 32)
     torch.save(x, tmp_path / 'x.pt')

@@ -1,0 +1,91 @@
+"""The README's main job timed from empty, and again (a rerun trains nothing): writes `results/main_job.{json,md}`.
+
+From empty means a new results folder and an empty token cache (`LOOPED_LM_CACHE` pointed at a new folder), so the
+time includes fitting the BPE and tokenizing WikiText. The command is the README's (`papermill ... 05_ablation`),
+with its results and figures sent to a scratch folder so that nothing committed is touched. Each run's training and
+diagnostics seconds are read from its folder (`config.json` written → `latest` written → `diagnostics.json` written:
+one worker runs them one after another). Run it alone on an idle machine.
+
+    python benchmarks/main_job.py                       # the `cpu` preset: about 10-15 minutes on 2 cores
+    python benchmarks/main_job.py --preset smoke --out benchmarks/_out/main_job     # a quick check
+"""
+
+import argparse, json, os, resource, subprocess, sys, tempfile, time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_lib import RESULTS, machine, write_json  # noqa: E402
+
+ROOT = HERE.parent
+
+
+def run_main_job(preset: str, scratch: Path, env: dict) -> dict:
+    "Wall and CPU seconds of one execution of the main job into `scratch`."
+    cmd = ['papermill', '--log-output', 'nbs/05_ablation.ipynb', str(scratch / '05_ablation.ipynb')]
+    cmd += ['-p', 'preset', preset, '-p', 'out_dir', str(scratch / preset), '-p', 'fig_dir', str(scratch / 'figures')]
+    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        raise SystemExit(f"the main job failed:\n{p.stderr[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return dict(wall_s=round(wall, 1), cpu_s=round(cpu, 1))
+
+
+def run_stages(study: Path) -> dict:
+    "{run: (training s, diagnostics s)} from the mtimes of each run folder's files."
+    out = {}
+    for rd in sorted((study / 'runs').iterdir()):
+        t = {f: (rd / f).stat().st_mtime for f in ('config.json', 'latest', 'diagnostics.json')}
+        out[rd.name] = dict(
+            training_s=round(t['latest'] - t['config.json'], 1),
+            diagnostics_s=round(t['diagnostics.json'] - t['latest'], 1),
+        )
+    return out
+
+
+def markdown(r: dict) -> str:
+    m, runs = r['machine'], r['runs']
+    train, diag = (sum(v[k] for v in runs.values()) for k in ('training_s', 'diagnostics_s'))
+    first = r['from_empty']
+    lines = [
+        f"# The main job, timed from empty (`python benchmarks/main_job.py`, {r['date']})",
+        '',
+        f"`papermill nbs/05_ablation.ipynb` on the `{r['preset']}` preset ({len(runs)} runs, one worker), its results "
+        'and figures in a scratch folder, an empty token cache. Machine: '
+        f"{m['cpu']} ({m['cpu_capability']}), {m['cores']} cores, torch {m['torch']}, numpy {m['numpy']}; load "
+        f"{m['load_average_1min']:.2f} at the start.",
+        '',
+        '| stage | seconds |',
+        '|---|---:|',
+        f"| training, every run (each run's folder: config written → last checkpoint) | {train:.0f} |",
+        f"| diagnostics, every run (last checkpoint → report) | {diag:.0f} |",
+        f"| the rest: start, imports, BPE and tokens, throughput, tables, claims, figures, checks | "
+        f"{first['wall_s'] - train - diag:.0f} |",
+        f"| **from empty (wall clock)** | **{first['wall_s']:.0f}** (CPU {first['cpu_s']:.0f} s) |",
+        f"| a rerun (trains and measures nothing) | {r['rerun']['wall_s']:.0f} |",
+        '',
+        '| run | training s | diagnostics s |',
+        '|---|---:|---:|',
+    ]
+    lines += [f"| {k} | {v['training_s']:.0f} | {v['diagnostics_s']:.0f} |" for k, v in runs.items()]
+    return '\n'.join(lines) + '\n'
+
+
+if __name__ == '__main__':
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--preset', default='cpu')
+    ap.add_argument('--out', default=None, help=f'folder of main_job.json/.md (default {RESULTS})')
+    a = ap.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix='main-job-'))
+    env = dict(os.environ, LOOPED_LM_CACHE=str(scratch / 'token-cache'))
+    res = dict(preset=a.preset, date=time.strftime('%Y-%m-%d'), machine=machine())
+    res['from_empty'] = run_main_job(a.preset, scratch, env)
+    res['runs'] = run_stages(scratch / a.preset)
+    res['rerun'] = run_main_job(a.preset, scratch, env)
+    out = Path(a.out or RESULTS)
+    write_json(out / 'main_job.json', res)
+    (out / 'main_job.md').write_text(markdown(res))
+    print(json.dumps(res['from_empty']), json.dumps(res['rerun']))
+    print(markdown(res))
