@@ -2,11 +2,14 @@
 
 From empty means a new results folder and an empty token cache (`LOOPED_LM_CACHE` pointed at a new folder), so the
 time includes fitting the BPE and tokenizing WikiText. The command is the README's (`papermill ... 05_ablation`),
-with its results and figures sent to a scratch folder so that nothing committed is touched. Each run's training and
-diagnostics seconds are read from its folder (`config.json` written → `latest` written → `diagnostics.json` written:
-one worker runs them one after another). Run it alone on an idle machine.
+with its results and figures sent to a scratch folder so that nothing committed is touched (`--in-place`: into the
+chapter itself, `results/<preset>` and `figures/<preset>`, as the README runs it, an existing `results/<preset>` moved
+aside first, never deleted; the rerun's notebook goes to the scratch folder, so the chapter shows the run from
+empty). Each run's training and diagnostics seconds are read from its folder (`config.json` written → `latest`
+written → `diagnostics.json` written: one worker runs them one after another). Run it alone on an idle machine.
 
     python benchmarks/main_job.py                       # the `cpu` preset: about 10-15 minutes on 2 cores
+    python benchmarks/main_job.py --in-place            # the same into nbs/05_ablation.ipynb, results/, figures/cpu
     python benchmarks/main_job.py --preset smoke --out benchmarks/_out/main_job     # a quick check
 """
 
@@ -20,10 +23,12 @@ from bench_lib import RESULTS, machine, write_json  # noqa: E402
 ROOT = HERE.parent
 
 
-def run_main_job(preset: str, scratch: Path, env: dict) -> dict:
-    "Wall and CPU seconds of one execution of the main job into `scratch`."
-    cmd = ['papermill', '--log-output', 'nbs/05_ablation.ipynb', str(scratch / '05_ablation.ipynb')]
-    cmd += ['-p', 'preset', preset, '-p', 'out_dir', str(scratch / preset), '-p', 'fig_dir', str(scratch / 'figures')]
+def run_main_job(preset: str, scratch: Path, env: dict, in_place: bool = False, notebook: str = None) -> dict:
+    "Wall and CPU seconds of one execution of the main job into `scratch` (`in_place`: where the README puts it)."
+    cmd = ['papermill', '--log-output', 'nbs/05_ablation.ipynb', notebook or str(scratch / '05_ablation.ipynb')]
+    cmd += ['-p', 'preset', preset]
+    if not in_place:
+        cmd += ['-p', 'out_dir', str(scratch / preset), '-p', 'fig_dir', str(scratch / 'figures')]
     before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -53,7 +58,8 @@ def markdown(r: dict) -> str:
         f"# The main job, timed from empty (`python benchmarks/main_job.py`, {r['date']})",
         '',
         f"`papermill nbs/05_ablation.ipynb` on the `{r['preset']}` preset ({len(runs)} runs, one worker), its results "
-        'and figures in a scratch folder, an empty token cache. Machine: '
+        f"and figures {'where the README puts them' if r.get('in_place') else 'in a scratch folder'}, an empty token "
+        'cache. Machine: '
         f"{m['cpu']} ({m['cpu_capability']}), {m['cores']} cores, torch {m['torch']}, numpy {m['numpy']}; load "
         f"{m['load_average_1min']:.2f} at the start.",
         '',
@@ -76,16 +82,24 @@ def markdown(r: dict) -> str:
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--preset', default='cpu')
+    ap.add_argument('--in-place', action='store_true', help='into the chapter, results/ and figures/, as the README')
     ap.add_argument('--out', default=None, help=f'folder of main_job.json/.md (default {RESULTS})')
     a = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix='main-job-'))
     env = dict(os.environ, LOOPED_LM_CACHE=str(scratch / 'token-cache'))
-    res = dict(preset=a.preset, date=time.strftime('%Y-%m-%d'), machine=machine())
-    res['from_empty'] = run_main_job(a.preset, scratch, env)
-    res['runs'] = run_stages(scratch / a.preset)
-    res['rerun'] = run_main_job(a.preset, scratch, env)
+    study = ROOT / 'results' / a.preset if a.in_place else scratch / a.preset
+    if a.in_place and study.exists():  # from empty, and nothing computed is lost: moved aside
+        study.rename(study.with_name(f"{a.preset}.before-{time.strftime('%Y%m%d-%H%M%S')}"))
+    res = dict(preset=a.preset, date=time.strftime('%Y-%m-%d'), machine=machine(), in_place=a.in_place)
+    res['from_empty'] = run_main_job(
+        a.preset, scratch, env, a.in_place, 'nbs/05_ablation.ipynb' if a.in_place else None
+    )
+    res['runs'] = run_stages(study)
+    res['rerun'] = run_main_job(a.preset, scratch, env, a.in_place)
     out = Path(a.out or RESULTS)
     write_json(out / 'main_job.json', res)
     (out / 'main_job.md').write_text(markdown(res))
     print(json.dumps(res['from_empty']), json.dumps(res['rerun']))
     print(markdown(res))
+    if a.in_place:
+        print('nbs/05_ablation.ipynb holds the run from empty: nbdev-clean, review it with git diff, commit.')

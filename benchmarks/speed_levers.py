@@ -3,13 +3,15 @@ seed, interleaved rounds): the `cpu` preset's per-loop step as it is; the readou
 logits of a chunk of tokens at a time, their gradient computed in the forward pass, never a whole (tokens, vocabulary)
 tensor and its log-softmax backward); `torch.compile` (inductor, CPU) of the model, its compile seconds counted; one
 thread instead of two. Each lever's loss after the same steps is compared with today's: a lever that changes the
-numbers changes the default's code identity. Run alone on an idle machine.
+numbers changes the default's code identity. And one lever on the diagnostics: a `diagnose_run` pass of a trained
+run in a fresh process (as the main job's run meets it), its readout's logits whole or `EVAL_CE_CHUNK` tokens at a
+time, with the report's numbers compared. Run alone on an idle machine.
 
     python benchmarks/speed_levers.py                        # results/speed_levers.{json,md}
     python benchmarks/speed_levers.py --rounds 2 --out benchmarks/_out/levers      # a quick check
 """
 
-import argparse, statistics, sys, time
+import argparse, json, statistics, subprocess, sys, time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -29,7 +31,7 @@ def contestant(variant: str, ce_chunk: int = 0, compiled: bool = False) -> dict:
     run = torch.compile(model) if compiled else model
     step = make_step(run, cfg, torch.device('cpu'))
     x, y = synthetic_batch(cfg, 'cpu')
-    first = float(step(x, y))  # the first step: where torch.compile compiles
+    first = float(step(x, y).detach())  # the first step: where torch.compile compiles
     return dict(step=lambda: step(x, y), first_loss=first, seconds_to_ready=time.perf_counter() - t0)
 
 
@@ -49,7 +51,7 @@ def threads_call(fn, n: int):
 
 def measure(variant: str, rounds: int) -> dict:
     levers = dict(
-        today=contestant(variant),
+        today=contestant(variant, ce_chunk=0),
         ce_chunk_256=contestant(variant, ce_chunk=256),
         ce_chunk_512=contestant(variant, ce_chunk=512),
         compiled=contestant(variant, compiled=True),
@@ -71,6 +73,41 @@ def measure(variant: str, rounds: int) -> dict:
     return out
 
 
+ONE_PASS = r"""
+import json, resource, sys, time
+from looped_lm.training.rundir import load_run
+from looped_lm.training.data import prepare_data
+from looped_lm.measure.diagnostics import diagnose, EVAL_TOKENS
+cfg, model = load_run(sys.argv[1])
+data = prepare_data(cfg, verbose=False)
+t = time.perf_counter()
+rep = diagnose(model, data, max(cfg.batch_size, EVAL_TOKENS // cfg.seq_len), cfg.seq_len, loss=cfg.loss,
+               norm_penalty=cfg.norm_penalty, ce_chunk=int(sys.argv[2]))
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps(dict(seconds=time.perf_counter() - t, sys_seconds=ru.ru_stime, report=rep)))
+"""  # fmt: skip
+
+
+def diagnostics_pass(run: str, chunks=(0, 1024), repeats: int = 2) -> dict:
+    "Per chunk: seconds and system seconds of a fresh process's `diagnose` pass (each `repeats` times, alternating)."
+    got = {c: [] for c in chunks}
+    for _ in range(repeats):
+        for c in chunks:
+            p = subprocess.run([sys.executable, '-c', ONE_PASS, run, str(c)], capture_output=True, text=True)
+            if p.returncode != 0:
+                raise SystemExit(f"the diagnostics pass failed:\n{p.stderr[-3000:]}")
+            got[c].append(json.loads(p.stdout.strip().splitlines()[-1]))
+    same = json.dumps(got[chunks[0]][0]['report']) == json.dumps(got[chunks[-1]][0]['report'])
+    return dict(
+        run=run,
+        same_report=same,
+        passes={
+            str(c): dict(seconds=[r['seconds'] for r in rs], sys_seconds=[r['sys_seconds'] for r in rs])
+            for c, rs in got.items()
+        },
+    )
+
+
 def markdown(r: dict) -> str:
     m = r['machine']
     lines = [
@@ -78,7 +115,8 @@ def markdown(r: dict) -> str:
         '',
         f"Machine: {m['cpu']} ({m['cpu_capability']}), {m['cores']} cores, torch {m['torch']}, {m['torch_threads']} "
         f"threads; load {m['load_average_1min']:.2f} at the start. `cpu` preset, one training step of 16 × 64 tokens, "
-        f"median of {r['rounds']} interleaved rounds of 5 steps; 800 steps × 9 runs is the main job's training.",
+        f"median of {r['rounds']} interleaved rounds of 5 steps; 800 steps × 9 runs is the main job's training. "
+        "`today`: the preset's step (`ce_chunk` 0); the first loss: the same step on the same batch.",
         '',
         '| variant | lever | ms per step | spread | speed-up | ready in (s) | first loss − today\'s |',
         '|---|---|---:|---:|---:|---:|---:|',
@@ -89,6 +127,14 @@ def markdown(r: dict) -> str:
                 f"| {v} | {k} | {x['ms_per_step']:.1f} | {x['spread']:.0%} | {x['speedup']:.2f}× | "
                 f"{x['seconds_to_ready']:.1f} | {x['first_loss_change']:+.1e} |"
             )
+    if d := r.get('diagnostics'):
+        lines += ['', f"A diagnostics pass of `{d['run']}` in a fresh process (each twice, alternating); the reports "
+                  f"are {'identical' if d['same_report'] else 'NOT identical'}:", '']  # fmt: skip
+        lines += ['| readout logits | seconds | of which in the kernel (sys) |', '|---|---:|---:|']
+        for c, x in d['passes'].items():
+            what = 'a whole batch (today)' if c == '0' else f'{c} tokens at a time'
+            secs = ', '.join(f'{t:.1f}' for t in x['seconds'])
+            lines.append(f"| {what} | {secs} | {', '.join(f'{t:.1f}' for t in x['sys_seconds'])} |")
     return '\n'.join(lines) + '\n'
 
 
@@ -96,9 +142,12 @@ if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--variants', nargs='+', default=['perloop-rmsnorm', 'terminal-rmsnorm'])
     ap.add_argument('--rounds', type=int, default=8)
+    ap.add_argument('--run', default='results/cpu/runs/perloop-rmsnorm-seed1', help="a trained run (''): none")
     ap.add_argument('--out', default=None, help=f'folder of speed_levers.json/.md (default {RESULTS})')
     a = ap.parse_args()
     res = dict(machine=machine(), rounds=a.rounds, variants={v: measure(v, a.rounds) for v in a.variants})
+    if a.run:
+        res['diagnostics'] = diagnostics_pass(a.run)
     out = Path(a.out or RESULTS)
     write_json(out / 'speed_levers.json', res)
     (out / 'speed_levers.md').write_text(markdown(res))

@@ -44,8 +44,8 @@ from .radial import radial_fractions, angular_updates
 from ..training.rundir import load_run
 
 # %% auto #0
-__all__ = ['HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'DiagnosticReport', 'report_key', 'current_report', 'read_run', 'eval_exits',
-           'hill_estimator', 'token_norms', 'norm_stats', 'clamp_modes', 'diagnose', 'diagnose_run']
+__all__ = ['HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'EVAL_CE_CHUNK', 'DiagnosticReport', 'report_key', 'current_report', 'read_run',
+           'eval_exits', 'hill_estimator', 'token_norms', 'norm_stats', 'clamp_modes', 'diagnose', 'diagnose_run']
 
 # %% ../../nbs/03c_diagnostics.ipynb #91c3f3a7
 DIAG_VERSION = 5  # the report's layout (what records and tables read); its content is keyed by the code below
@@ -589,6 +589,9 @@ def diagnose(
 
 # %% ../../nbs/03c_diagnostics.ipynb #d5646914
 EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least the run's own batch)
+# tokens per readout piece of `diagnose_run` when the run trains without chunks (`ce_chunk` 0): a whole batch's
+# (8192, V) logits, allocated and freed at every loop, cost more in page faults than in arithmetic; same numbers
+EVAL_CE_CHUNK = 1024
 
 
 def _report_file(run_dir: Path, options: dict) -> Path:
@@ -628,7 +631,7 @@ def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> 
         device=device,
         loss=cfg.loss,
         norm_penalty=cfg.norm_penalty,
-        ce_chunk=cfg.ce_chunk,
+        ce_chunk=cfg.ce_chunk or EVAL_CE_CHUNK,
         **kw,
     )
     rep.update(key, machine=dict(trained=checkpoint_machine(ckpt), measured=machine_record(device, cfg.dtype)))
