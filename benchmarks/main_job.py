@@ -26,9 +26,18 @@ ROOT = HERE.parent
 def run_main_job(preset: str, scratch: Path, env: dict, in_place: bool = False, notebook: str = None) -> dict:
     "Wall and CPU seconds of one execution of the main job into `scratch` (`in_place`: where the README puts it)."
     cmd = ['papermill', '--log-output', 'nbs/05_ablation.ipynb', notebook or str(scratch / '05_ablation.ipynb')]
-    cmd += ['-p', 'preset', preset]
-    if not in_place:
-        cmd += ['-p', 'out_dir', str(scratch / preset), '-p', 'fig_dir', str(scratch / 'figures')]
+    if not in_place:  # in place: the chapter's own parameters (its default preset), no injected cell
+        cmd += [
+            '-p',
+            'preset',
+            preset,
+            '-p',
+            'out_dir',
+            str(scratch / preset),
+            '-p',
+            'fig_dir',
+            str(scratch / 'figures'),
+        ]
     before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -85,6 +94,8 @@ if __name__ == '__main__':
     ap.add_argument('--in-place', action='store_true', help='into the chapter, results/ and figures/, as the README')
     ap.add_argument('--out', default=None, help=f'folder of main_job.json/.md (default {RESULTS})')
     a = ap.parse_args()
+    if a.in_place and a.preset != 'cpu':
+        raise SystemExit('--in-place runs the chapter as the README does, on its default preset (cpu): drop --preset.')
     scratch = Path(tempfile.mkdtemp(prefix='main-job-'))
     env = dict(os.environ, LOOPED_LM_CACHE=str(scratch / 'token-cache'))
     study = ROOT / 'results' / a.preset if a.in_place else scratch / a.preset
