@@ -6,6 +6,8 @@
   `pytest -m "not corpus"` runs the rest, which need no corpus at all;
 - the Hugging Face Hub is off: nothing is downloaded;
 - a fresh token cache (`$LOOPED_LM_CACHE`) for the whole session, deleted at the end;
+- `slow`: the tests that take 4 s or more (measured with `pytest --durations=0`); the quick tier is
+  `pytest -m "not slow" tests`, the full suite (the README's command) runs every test;
 - one CPU thread, here and in every subprocess: the models are tiny (more threads only add contention on a
   2-core machine), and bit-for-bit comparisons between processes need the same thread count.
 """
@@ -23,8 +25,13 @@ os.environ.pop('IN_TEST', None)  # nbdev-test's switch: the notebooks must behav
 
 
 def pytest_configure(config):
-    "Register the `corpus` marker (pyproject.toml's pytest settings do not list it)."
+    "Register the `corpus` and `slow` markers (pyproject.toml's pytest settings do not list them)."
     config.addinivalue_line('markers', 'corpus: the test reads the local WikiText-2 copy in $LOOPED_LM_DATA')
+    config.addinivalue_line(
+        'markers',
+        'slow: takes 4 s or more on 2 idle cores (processes, training, jobs); `pytest -m "not slow" tests` leaves '
+        'them out for a quick answer, the README\'s test command runs them',
+    )
 
 
 @pytest.hookimpl(tryfirst=True)

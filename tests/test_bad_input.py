@@ -131,6 +131,7 @@ def test_bad_ablation_parameters(tmp_path):
     assert not out.exists()  # refused before any folder was created
 
 
+@pytest.mark.slow
 def test_papermill_refuses_a_bad_parameter(tmp_path):
     "The real entry point: `papermill nbs/05_ablation.ipynb ... -p preset no-such` fails, naming preset and choices."
     p = subprocess.run(

@@ -136,6 +136,7 @@ train_cli(['smoke', sys.argv[1], '--set', 'ckpt_every=10'])
 """
 
 
+@pytest.mark.slow
 def test_a_real_safetensors_write_failure_is_a_checkpoint_write_error(run, smoke_data):
     "The weights file outgrows a real file-size limit: safetensors raises its own error, not an OSError."
     size = (run / 'ckpt-000010' / 'model.safetensors').stat().st_size

@@ -111,6 +111,7 @@ def _has_open(pid, path) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path('/proc/self/fd').is_dir(), reason='needs Linux /proc to see who waits on the lock')
 @pytest.mark.parametrize('tokenizer', ['bpe', 'regex'])
 def test_two_processes_prepare_one_cache(tmp_path, tokenizer):
@@ -290,6 +291,7 @@ def test_lock_refuses_second_process_and_frees_on_death(tmp_path):
             p.wait()
 
 
+@pytest.mark.slow
 def test_lock_waits_for_a_live_holder(tmp_path):
     run, mark = tmp_path / 'run', tmp_path / 'holder-finished'
     code = HOLD + f"\n open({str(mark)!r}, 'w').close()"  # the holder's last act inside its lock

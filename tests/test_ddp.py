@@ -52,6 +52,7 @@ def _ddp(run_dir, tmp_path, nproc=2, **ov):
     )
 
 
+@pytest.mark.slow
 def test_two_ranks_train_like_one_process(smoke_data, tmp_path):
     import torch
     from safetensors.torch import load_file
@@ -93,6 +94,7 @@ def test_two_ranks_train_like_one_process(smoke_data, tmp_path):
     assert latest_checkpoint(one).name == latest_checkpoint(two).name == 'ckpt-000012'
 
 
+@pytest.mark.slow
 def test_batch_that_does_not_split_is_refused(smoke_data, tmp_path):
     p = _ddp(tmp_path / 'run', tmp_path, batch_size=7)
     assert p.returncode != 0

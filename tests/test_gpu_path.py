@@ -44,6 +44,7 @@ def test_bf16_autocast_trains_like_float32(tmp_path, smoke_data):
     not (shutil.which('gcc') or shutil.which('cc') or shutil.which('clang')),
     reason='no C compiler on this machine: torch.compile (inductor) cannot build CPU kernels',
 )
+@pytest.mark.slow
 def test_compiled_shared_stack_matches_eager(tmp_path, smoke_data):
     cfg = load_preset('smoke', train_tokens=1280)  # 5 steps: one train record, with every loop's loss
     train(cfg, tmp_path / 'eager', data=smoke_data, progress=False)
@@ -85,6 +86,7 @@ def _synthetic(cfg, n: int = 4096):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('preset', list_presets())
 def test_every_preset_runs_one_training_step_on_cpu(preset, tmp_path):
     full = load_preset(preset)
@@ -109,6 +111,7 @@ def test_every_preset_runs_one_training_step_on_cpu(preset, tmp_path):
     assert [r['step'] for r in read_metrics(tmp_path, 'train')] == [1]
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run_covers_every_paper_preset(tmp_path):
     "`benchmarks/gpu_check.sh --dry-run`: every code path of the four paper presets on the CPU, at smoke sizes."
     root = Path(__file__).resolve().parents[1]

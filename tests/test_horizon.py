@@ -172,6 +172,7 @@ def tiny(tmp_path_factory, test_env):
     return out, run_horizon('tiny', out_dir=out, progress=False)
 
 
+@pytest.mark.slow
 @pytest.mark.corpus
 def test_tiny_grid_end_to_end(tiny, smoke_data, tmp_path):
     out, res = tiny

@@ -123,6 +123,7 @@ def test_slurm_script(tmp_path):
     assert {'--gpus-per-node=2', '--partition=h200', '--time=720', '--signal=USR2@90', '--mem=64GB'} <= flags
 
 
+@pytest.mark.slow
 def test_a_failed_job_is_reported_and_the_others_finish(tmp_path, smoke_data):
     jobs = study_jobs('smoke', ['perloop-rmsnorm', 'perloop-raw'], tmp_path / 'study', seeds=[0])
     Path(jobs[0]['run_dir']).parent.mkdir(parents=True)
@@ -141,6 +142,7 @@ def test_a_failed_job_is_reported_and_the_others_finish(tmp_path, smoke_data):
     )
 
 
+@pytest.mark.slow
 def test_a_preempted_job_resumes_to_identical_weights(tmp_path, smoke_data):
     "SLURM preempts by sending the job's task USR2; submitit requeues it; it resumes from its last checkpoint."
     ov = dict(train_tokens=SMOKE.train_tokens * 2, ckpt_every=10)  # 192 steps, a checkpoint every 10
@@ -162,6 +164,7 @@ def test_a_preempted_job_resumes_to_identical_weights(tmp_path, smoke_data):
     assert_same_run(job['run_dir'], reference)  # every weight and optimizer tensor (torch.equal), every record
 
 
+@pytest.mark.slow
 def test_a_job_preempted_at_its_start_is_submitted_again(tmp_path, smoke_data, capsys):
     "USR2 in a job's first instant kills it before submitit can requeue it (no result): the runner submits it again."
     job = study_jobs('smoke', ['perloop-rmsnorm'], tmp_path / 'study', seeds=[0])[0]
@@ -216,6 +219,7 @@ def study_files(out_dir) -> dict:
     return {p.name: p.read_bytes() for p in files if not p.name.startswith(('throughput', 'skipped'))}
 
 
+@pytest.mark.slow
 def test_the_study_through_local_jobs_equals_the_inprocess_study(tmp_path, smoke_data):
     inproc = run_ablation('smoke', out_dir=tmp_path / 'inprocess', workers=1, **STUDY)
     jobs = dict(executor='local', gpus_per_job=0, timeout_min=10)
@@ -230,6 +234,7 @@ def test_the_study_through_local_jobs_equals_the_inprocess_study(tmp_path, smoke
     assert [r['status'] for r in again] == ['done', 'done'] and study_files(tmp_path / 'local') == b
 
 
+@pytest.mark.slow
 def test_a_failed_job_is_a_failed_run_with_its_log(tmp_path, smoke_data):
     run_dir = run_dir_of(tmp_path, 'perloop-rmsnorm', 0)
     run_dir.parent.mkdir(parents=True)

@@ -245,6 +245,7 @@ def test_generate_refuses_bad_arguments_before_any_work(tiny, kw, err, msg):
     assert calls == []  # refused before the prompt was embedded
 
 
+@pytest.mark.slow
 def test_from_run_after_any_import(run):
     "`LoopedLM.from_run` works in a fresh interpreter whichever module was imported: the package file attaches it."
     for first in ('from looped_lm.model.looped import LoopedLM', 'import looped_lm as ll; LoopedLM = ll.LoopedLM'):

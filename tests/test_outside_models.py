@@ -182,6 +182,7 @@ def trm():
     return model, time.perf_counter() - t0
 
 
+@pytest.mark.slow
 def test_trm_context_is_probed_at_the_tokens_length(trm):
     "The state holds 2 registers + 31 positions; today's probe built contexts of 33 tokens and died inside the check."
     m, _ = trm

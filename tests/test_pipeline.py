@@ -37,6 +37,7 @@ def study(tmp_path_factory, smoke_data):
     return out, recs, check_params('smoke', VARIANTS, out_dir=out).study_dir
 
 
+@pytest.mark.slow
 def test_a_diverged_variant_is_recorded_and_the_study_goes_on(study):
     out, recs, sdir = study
     by = {r['variant']: r for r in recs}

@@ -22,6 +22,7 @@ def smoke_run(tmp_path_factory, smoke_data):
     return rd
 
 
+@pytest.mark.slow
 def test_a_report_with_other_options_never_stands_for_the_default_one(smoke_run, smoke_data):
     default = diagnose_run(smoke_run, smoke_data, max_batches=5)
     small = diagnose_run(smoke_run, smoke_data, max_batches=5, subset_tokens=8192)

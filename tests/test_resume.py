@@ -33,6 +33,7 @@ def _ckpt_step(rd):
     return int(latest_checkpoint(rd).name.split('-')[1])
 
 
+@pytest.mark.slow
 def test_sigkill_resume_is_bit_identical(reference, tmp_path):
     rd = tmp_path / 'run'
     for kill_after in (25, 62):  # two kills: the second one hits an already-resumed run
@@ -62,6 +63,7 @@ def test_sigkill_resume_is_bit_identical(reference, tmp_path):
     ]  # no stray checkpoint folders
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('first', ['.lock', 'config.json', 'metrics.jsonl'])
 def test_a_fresh_run_killed_in_its_first_instants_reruns_to_the_same_run(first, reference, tmp_path):
     "SIGKILL as soon as the fresh run's lock, its identity or its first record exists: the same command finishes it."

@@ -50,6 +50,7 @@ def done_copy(reference, tmp_path):
 # ---- 2. two processes, one run directory --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_process_on_a_run_dir_stops_naming_the_holder(tmp_path, smoke_data):
     rd, sets = (
         tmp_path / 'run',
@@ -195,6 +196,7 @@ def test_disk_full_while_writing_a_checkpoint(tmp_path, smoke_data, reference, m
 # ---- 9. the command line -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_empty_arguments(tmp_path):
     p = subprocess.run(cli('', tmp_path / 'run'), capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and 'PRESET is empty; choose one of smoke, cpu' in p.stderr, p.stderr[-2000:]
@@ -203,6 +205,7 @@ def test_cli_empty_arguments(tmp_path):
     assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.slow
 @pytest.mark.corpus
 def test_cli_overrides_and_data_dir_spellings(tmp_path):
     rd = tmp_path / 'run'

@@ -143,6 +143,7 @@ def test_fit_growth_refuses_what_it_cannot_fit():
             fit_growth(t, y)
 
 
+@pytest.mark.slow
 def test_tiny_grid_trains_once_and_reruns_nothing(tmp_path, smoke_data):
     res = run_scaling('tiny', out_dir=tmp_path, progress=False)
     t = res.table

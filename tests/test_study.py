@@ -109,6 +109,7 @@ def test_subsets_go_beside_the_main_study(tmp_path):
 # ---- workers ----
 
 
+@pytest.mark.slow
 def test_two_workers_give_the_same_tables(tmp_path, smoke_data):
     kw = dict(variants=['perloop-rmsnorm', 'perloop-raw'], seeds=[0], max_eval_batches=1, progress=False)
     one = run_ablation('smoke', out_dir=tmp_path / 'one', workers=1, **kw)
@@ -152,6 +153,7 @@ def hold(folder, what, until, tmp_path) -> subprocess.Popen:
     return p
 
 
+@pytest.mark.slow
 def test_study_lock_outwaits_an_orphaned_kernel(tmp_path):
     "A kill -9'd papermill job: its kernel keeps the study lock ~1 s more; rerunning at once waits for it, not fails."
     out = tmp_path / 'study'
@@ -199,6 +201,7 @@ def test_a_run_held_to_the_end_is_reported_and_the_others_run(tmp_path):
     assert run_jobs(jobs, toy_work) == ['done', 'done', 'done']
 
 
+@pytest.mark.slow
 def test_a_locked_run_is_trained_after_the_others(tmp_path, smoke_data, capsys):
     "Another process holds perloop-rmsnorm's run until perloop-raw is trained: the study trains raw, waits, then it."
     kw = dict(variants=['perloop-rmsnorm', 'perloop-raw'], seeds=[0], max_eval_batches=1, progress=False, workers=1)
@@ -231,6 +234,7 @@ def test_two_workers_from_an_unguarded_script_is_a_clear_error(tmp_path):
     assert check_spawn_guard(2) is None  # pytest's own __main__ is guarded
 
 
+@pytest.mark.slow
 def test_the_gpu_script_of_the_depth_worth_study_runs_its_tiny_grid_on_the_cpu(tmp_path):
     "scripts/depth_worth_gpu.py, dry run: the tiny grid on the CPU, as the GPU machine would run the whole one."
     import json

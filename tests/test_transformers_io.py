@@ -58,6 +58,7 @@ def test_folder_holds_code_config_weights_tokenizer(folder):
     assert not re.search(r'^\s*(from|import)\s+(looped_lm|\.)', code, re.M), 'the folder code must not need the package'
 
 
+@pytest.mark.slow
 def test_fresh_interpreter_trust_remote_code_equals_from_run(run, folder, smoke_data, tmp_path):
     "The acceptance test: logits at every exit and greedy tokens, without importing looped_lm."
     model = LoopedLM.from_run(run)
@@ -100,6 +101,7 @@ def test_auto_classes_after_import(folder, run):
         assert torch.allclose(m(x).logits, LoopedLM.from_run(run)(x, exit_k=3).logits, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_harness_scores_smoke_as_our_code_does(run, folder, smoke_data):
     "lm-evaluation-harness (HFLM, its own rolling windows) and our rolling_nll on LoopedLM agree on 3 test articles."
     from transformers import AutoModelForCausalLM, AutoTokenizer

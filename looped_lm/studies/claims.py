@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 from ..measure.protocol import CLAMPS
 from ..measure.radial import unaligned_cos
-from ..core.files import write_atomic, read_json_lines, machine_of, NO_MACHINE
+from ..core.files import write_atomic, read_json_lines, machine_of
 from ..core.config import format_number
 from ..measure.diagnostics import HEAVY_TAIL_HILL
 from ..measure.diagnostics import radial_scale_of
