@@ -303,3 +303,48 @@ def test_the_readme_quotes_the_tags_and_the_harness_numbers_their_records_give()
     ours, theirs = harness['rows'][0]['bpb'], harness['rows'][-1]['bpb']
     assert f'{theirs:.4f} vs {ours:.4f}' in readme, (theirs, ours)
     assert harness['preset'] == 'cpu' and harness['context'] == 64 and harness['machine']['cpu_capability']
+
+
+# (claim, the measure the README's verdict table quotes first, how the table shows it, the measure's factor)
+TABLE_NUMBERS = [
+    ('C1', 'ratio', r'(\d[\d.]*)×', 1),
+    ('C2', 'min radial raw / √(2/(πd))', r'raw (\d[\d.]*)× random', 1),
+    ('C4a', 'max |PPL ratio - 1|', r'(\d[\d.]*)%', 100),
+    ('C4b', 'max |PPL ratio - 1|', r'(\d[\d.]*)%', 100),
+    ('C5a', 'ratio', r'(\d[\d.]*)×', 1),
+    ('C5b', 'max Hill at-risk', r'Hill (\d[\d.]*)', 1),
+    ('C6', 'max PPL ratio controlled/at-risk', r'(\d[\d.]*)×', 1),
+]
+
+
+def _shown_matches(shown: str, value: float) -> bool:
+    "Whether `shown` (a number as the README prints it) is `value` rounded to the digits it shows."
+    decimals = len(shown.split('.')[1]) if '.' in shown else 0
+    return abs(float(shown) - value) <= 0.5 * 10**-decimals + 1e-12
+
+
+def test_the_readme_verdict_table_quotes_each_columns_records():
+    """Every number the README's verdict table quotes for C1, C2, C4a, C4b, C5a, C5b and C6, in each of its three
+    columns, is the seed mean the claims code computes from that column's committed records, and the verdict and
+    seeds held are that column's."""
+    import re
+    from looped_lm.studies.claims import evaluate_claims, read_run_records
+    from looped_lm.extensions.depth import official_claims, read_depth_records
+
+    columns = [
+        evaluate_claims(read_run_records(FIGURES / 'cpu-3seeds'), 'cpu', FIGURES.parent)['primary']['claims'],
+        evaluate_claims(read_run_records(FIGURES / 'cpu-exact'), 'cpu-exact', FIGURES.parent)['primary']['claims'],
+        official_claims(read_depth_records(FIGURES / 'depth-worth'), 'B1200', 1200)['primary']['claims'],
+    ]
+    rows = {}
+    for line in (FIGURES.parent / 'README.md').read_text().splitlines():
+        if m := re.match(r'\| (C\d\w?) ', line):
+            rows[m.group(1)] = [c.strip() for c in line.strip('|').split(' | ')[1:]]
+    for claim, key, shown, factor in TABLE_NUMBERS:
+        for col, cell in zip(columns, rows[claim]):
+            c = col[claim]
+            got = re.search(shown, cell)
+            assert got and _shown_matches(got.group(1), factor * c['numbers'][key]), (claim, cell, c['numbers'][key])
+            assert f"{c['seeds_held']})" in cell or f"({c['seeds_held']}" in cell, (claim, cell, c['seeds_held'])
+            word = {'reproduced': '**reproduced**', 'partly': 'partly', 'not reproduced at this scale': 'not'}
+            assert cell.startswith(word[c['verdict']]), (claim, cell, c['verdict'])
