@@ -167,3 +167,62 @@ def test_the_users_import_names_each_thing_from_its_home():
         obj = getattr(ll, name)
         home = getattr(obj, '__module__', '')
         assert home.startswith('looped_lm.') and home.count('.') == 2, (name, home)
+
+
+SELF_NAME = r'(?<![/\w]){}(?![\w.-])'  # a chapter's name as prose names a chapter, not as a path in a command
+
+
+@pytest.mark.parametrize('nb', [nb for nb, _ in CHAPTERS])
+def test_a_chapter_never_names_itself_as_another_chapter(nb):
+    "One voice: a chapter's prose says 'above', 'below' or 'this chapter', never its own name as if it were another's."
+    cells = json.loads((NBS / f'{nb}.ipynb').read_text())['cells']
+    said = [
+        (c['id'], m.group(0))
+        for c in cells
+        if c['cell_type'] == 'markdown'
+        for m in re.finditer(SELF_NAME.format(re.escape(nb)), ''.join(c['source']))
+    ]
+    assert not said, f"{nb} names itself in its prose (cells {[i for i, _ in said]}): say 'above', 'below', 'here'"
+
+
+def _top_level_prints(src: str) -> bool:
+    "Whether a code cell calls `print` outside any function, condition or loop guard (so it always prints)."
+    body = [s for s in src.splitlines() if not s.lstrip().startswith(('%', '!'))]
+    try:
+        tree = ast.parse('\n'.join(body))
+    except SyntaxError:
+        return False
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.For, ast.With, ast.Try)):
+            todo += node.body
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            if getattr(node.value.func, 'id', None) == 'print':
+                return True
+    return False
+
+
+@pytest.mark.parametrize('nb', [nb for nb, _ in CHAPTERS])
+def test_every_printing_check_shows_what_it_printed(nb):
+    "A chapter is committed with its outputs: a check cell that always prints has its printed output in the book."
+    cells = json.loads((NBS / f'{nb}.ipynb').read_text())['cells']
+    silent = [
+        c['id']
+        for c in cells
+        if c['cell_type'] == 'code'
+        and not ''.join(c['source']).lstrip().startswith(('#| export', '#| exporti'))
+        and _top_level_prints(''.join(c['source']))
+        and not c.get('outputs')
+    ]
+    assert not silent, f"{nb}: cells {silent} print but have no committed output: re-execute the chapter"
+
+
+@pytest.mark.parametrize('nb', [nb for nb, _ in CHAPTERS])
+def test_only_the_chapter_opens_with_a_summary_quote(nb):
+    "A section opens with prose: a `> summary` under a section heading is a former chapter's subtitle left behind."
+    cells = json.loads((NBS / f'{nb}.ipynb').read_text())['cells'][1:]
+    quoted = [
+        c['id'] for c in cells if c['cell_type'] == 'markdown' and re.match(r'#{2,4} .*\n+> ', ''.join(c['source']))
+    ]
+    assert not quoted, f"{nb}: sections {quoted} open with a quoted subtitle: write it as the section's first paragraph"
