@@ -19,7 +19,7 @@ from ..core.config import format_number
 from ..measure.diagnostics import HEAVY_TAIL_HILL
 from ..measure.diagnostics import radial_scale_of
 from .variants import VARIANTS, GROUPS
-from .tables import dig, _md, read_run_records, read_throughput, write_tables
+from .tables import dig, md_cell, read_run_records, read_throughput, write_tables
 from .runner import repo_root
 
 # %% auto #0
@@ -799,7 +799,7 @@ def _claim_rows(what: str, claims: dict) -> list:
     out.append('|---|---|---|---|---|')
     for c, v in claims.items():
         nums = ', '.join(
-            f"{_md(k)} {format_number(x, 'table')}"
+            f"{md_cell(k)} {format_number(x, 'table')}"
             + (
                 f" [{', '.join(format_number(y, 'table') for y in v['seed_range'][k])}]"
                 if k in v['seed_range'] and len(v['per_seed']) > 1
@@ -807,8 +807,8 @@ def _claim_rows(what: str, claims: dict) -> list:
             )
             for k, x in v['numbers'].items()
         )
-        verdict = v['verdict'] + (f" — *{_md(v['evidence'])}*" if 'evidence' in v else '')
-        out.append(f"| {c} {v['title']} | {_md(v['statement'])} | {nums} | {v['seeds_held']} | {verdict} |")
+        verdict = v['verdict'] + (f" — *{md_cell(v['evidence'])}*" if 'evidence' in v else '')
+        out.append(f"| {c} {v['title']} | {md_cell(v['statement'])} | {nums} | {v['seeds_held']} | {verdict} |")
     return out + ['']
 
 

@@ -17,8 +17,8 @@ from ..measure.diagnostics import radial_scale_of
 from .variants import VARIANTS
 
 # %% auto #0
-__all__ = ['TABLES', 'synthetic_study', 'MissingDiagnostic', 'table1', 'to_markdown', 'build_tables', 'read_run_records',
-           'write_tables']
+__all__ = ['TABLES', 'synthetic_study', 'MissingDiagnostic', 'table1', 'md_cell', 'to_markdown', 'build_tables',
+           'read_run_records', 'write_tables']
 
 # %% ../../nbs/04b_tables.ipynb #e5528108
 def _exits(ce: list) -> dict:
@@ -414,15 +414,16 @@ def _label(i) -> str:
     return ' / '.join(map(str, i)) if isinstance(i, tuple) else str(i)
 
 # %% ../../nbs/04b_tables.ipynb #c367cf91
-def _md(s) -> str:
-    return str(s).replace('|', r'\|')  # a pipe inside a Markdown cell would split it
+def md_cell(s) -> str:
+    "`s` as the text of a Markdown table cell: a pipe inside it escaped, so that it does not split the cell."
+    return str(s).replace('|', r'\|')
 
 
 def to_markdown(df: pd.DataFrame) -> str:
     "A table as Markdown: its index first, then `display_frame`'s cells (`mean ± sd`), pipes in a cell escaped."
     d, name = display_frame(df), ' / '.join(n or '' for n in df.index.names)
-    head = f'| {name} | ' + ' | '.join(map(_md, d.columns)) + ' |'
-    rows = ['| ' + ' | '.join([_md(_label(i))] + [_md(x) for x in r]) + ' |' for i, r in zip(d.index, d.values)]
+    head = f'| {name} | ' + ' | '.join(map(md_cell, d.columns)) + ' |'
+    rows = ['| ' + ' | '.join([md_cell(_label(i))] + [md_cell(x) for x in r]) + ' |' for i, r in zip(d.index, d.values)]
     return '\n'.join([head, '|' + '---|' * (len(d.columns) + 1)] + rows) + '\n'
 
 # %% ../../nbs/04b_tables.ipynb #7a2f4de8
