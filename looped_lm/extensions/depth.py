@@ -405,13 +405,7 @@ def _seeds(rows: list) -> list:
 def arm_runs(records: list, arm: str, step: int, variants=None) -> list:
     "The arm's records at `step` (of `variants`, default all) as run records, with their machine: what claims read."
     return [
-        dict(
-            variant=r['variant'],
-            seed=r['seed'],
-            status='done',
-            diag=r['diag'],
-            **{k: r[k] for k in ['machine'] if k in r},
-        )
+        dict(variant=r['variant'], seed=r['seed'], status='done', diag=r['diag'], machine=r.get('machine'))
         for r in records
         if r['arm'] == arm and r['step'] == step and (variants is None or r['variant'] in variants)
     ]

@@ -561,23 +561,29 @@ def preset_choice(preset: str, root=None) -> dict | None:
     return dict(choice, root=str(path.parents[2]))
 
 # %% ../../nbs/04c_claims.ipynb #5aa2e4d4
-def records_at(choice: dict, folder: str, lr: float, step: int = None) -> list:
-    """The runs at `lr` of a committed records `folder` of the choice's repository, each at checkpoint `step` (None:
-    its last), as run records (variant, seed, status, diag, step)."""
+def folder_records(choice: dict, folder: str) -> list:
+    "Every per-checkpoint record of a committed records `folder` of the choice's repository (read once, in order)."
+    files = sorted((Path(choice['root']) / folder).glob('*.jsonl'))
+    return [r for f in files for r in read_json_lines(f, strict=True)]  # a damaged line is refused, never skipped
+
+
+def records_at(rows: list, lr: float, step: int = None) -> list:
+    """The runs at `lr` among `rows` (`folder_records`), each at checkpoint `step` (None: its last), as run records
+    (variant, seed, status, diag, step)."""
     last = {}
-    for f in sorted((Path(choice['root']) / folder).glob('*.jsonl')):
-        for r in read_json_lines(f, strict=True):  # committed records: a damaged line is refused, never skipped
-            key = (r['variant'], r['seed'])
-            if not math.isclose(r['lr'], lr) or (step is not None and r['step'] != step):
-                continue
-            if r['step'] >= last.get(key, {}).get('step', -1):
-                last[key] = dict(variant=r['variant'], seed=r['seed'], status='done', diag=r['diag'], step=r['step'])
+    for r in rows:
+        key = (r['variant'], r['seed'])
+        if not math.isclose(r['lr'], lr) or (step is not None and r['step'] != step):
+            continue
+        if r['step'] >= last.get(key, {}).get('step', -1):
+            last[key] = dict(variant=r['variant'], seed=r['seed'], status='done', diag=r['diag'], step=r['step'])
     return list(last.values())
 
 
 def longer_records(choice: dict) -> list:
     "The last checkpoint of each longer run of the chosen setting (`choice['longer_runs']`), as run records."
-    return records_at(choice, choice['longer_runs']['records'], choice['longer_runs']['lr'])
+    runs = choice.get('longer_runs')
+    return records_at(folder_records(choice, runs['records']), runs['lr']) if runs else []
 
 
 def _where(folder: str, records: list) -> str:
@@ -593,9 +599,10 @@ def contingent_tags(claims: dict, names: list, choice: dict) -> dict:
     """{claim: tag} for each of `claims` whose verdict differs between the chosen candidate and one the criterion
     excluded, over the variants of `names` and the seeds both have: *selected for* when the chosen one is better and
     the claim holds (or partly) in the study, else *contingent on the choice*."""
-    tags, ch = {}, choice.get('chosen')
-    for ex in choice.get('excluded') or []:
-        a, b = (records_at(choice, choice['candidates'], c['lr'], c['step']) for c in (ch, ex))
+    tags, ch, ex_all = {}, choice.get('chosen'), choice.get('excluded') or []
+    rows = folder_records(choice, choice['candidates']) if ex_all else []
+    for ex in ex_all:
+        a, b = (records_at(rows, c['lr'], c['step']) for c in (ch, ex))
         both = lambda key: {r[key] for r in a} & {r[key] for r in b}
         have = [n for n in names if n in both('variant')]
         runs = lambda rs: [r for r in rs if r['variant'] in have and r['seed'] in both('seed')]
@@ -628,10 +635,11 @@ def _edge(records, later, names, c, inside: float, outside: float, steps: int = 
     return inside
 
 
-def transient_tags(records, names: list, claims: dict, choice: dict) -> dict:
-    """{claim: tag}: *transient* for each of `claims` reproduced (or partly) in `records` but not at the longer runs'
-    last checkpoint; *fragile*, with the range of margins where it fires, when it stops inside ½ to 2× the margin."""
-    later, tags = longer_records(choice) if choice.get('longer_runs') else [], {}
+def transient_tags(records, names: list, claims: dict, choice: dict, later: list) -> dict:
+    """{claim: tag}: *transient* for each of `claims` reproduced (or partly) in `records` but not in `later` (the
+    longer runs' last checkpoints); *fragile*, with the range of margins where it fires, when it stops inside ½ to 2×
+    the margin."""
+    tags = {}
     for c in claims if later else ():
         fires, then = _transient_at(records, later, names, c, 1.0)
         if not fires:
@@ -646,10 +654,9 @@ def transient_tags(records, names: list, claims: dict, choice: dict) -> dict:
     return tags
 
 # %% ../../nbs/04c_claims.ipynb #cla0ctx
-def testable_later_tags(names: list, claims: dict, gate: dict, choice: dict) -> dict:
-    """{claim: tag} for C3 and C7 when the gate leaves them untestable here but the longer runs (their one-pass runs
-    with them) pass it: their verdict there, read with that gate."""
-    later = longer_records(choice) if choice.get('longer_runs') else []
+def testable_later_tags(names: list, claims: dict, gate: dict, choice: dict, later: list) -> dict:
+    """{claim: tag} for C3 and C7 when the gate leaves them untestable here but `later` (the longer runs, their
+    one-pass runs with them) passes it: their verdict there, read with that gate."""
     if not later or gate.get('verdict') != 'not testable':
         return {}
     runs = [r for r in later if r['variant'] in names or r['variant'] == REFERENCE]
@@ -668,6 +675,7 @@ def testable_later_tags(names: list, claims: dict, gate: dict, choice: dict) -> 
 def context_tags(records, names: list, claims: dict, choice: dict, gate: dict) -> dict:
     "{claim: tag}: selected for or contingent, transient (fragile), testable later; one claim can carry several."
     judged = {c: v for c, v in claims.items() if not v.get('evidence', '').startswith('not testable')}
+    later = longer_records(choice)  # read once: the transient and the testable-later tags read it
     tags = {
         c: [f"selected for: the preset was chosen on {choice['criterion']}"]
         for c in judged
@@ -675,8 +683,8 @@ def context_tags(records, names: list, claims: dict, choice: dict, gate: dict) -
     }
     for part in (
         contingent_tags(judged, names, choice),
-        transient_tags(records, names, judged, choice),
-        testable_later_tags(names, claims, gate, choice),
+        transient_tags(records, names, judged, choice, later),
+        testable_later_tags(names, claims, gate, choice, later),
     ):
         for c, t in part.items():
             tags.setdefault(c, []).append(t)
