@@ -127,6 +127,7 @@ class DepthGrid:
     seeds: tuple = (1, 2, 3)
     overrides: dict = field(default_factory=dict)  # of the preset, for every run
     max_batches: int | None = None  # of `diagnose` (None: every validation and test window, as the main job)
+    eval_tokens: int = EVAL_TOKENS  # tokens per evaluation batch (the main job's windows; a dry-run grid's fewer)
     publish: bool = True  # records and tables in figures/depth-<grid>/ (False: in the study folder)
     task: tuple = ()  # `khop_data`'s (n_sym, hops, seq_len): the k-hop task instead of the preset's corpus
     schedule: str = 'wsd'  # 'wsd' (two measured steps) or 'preset' (the preset's schedule over the arm's budget)
@@ -142,6 +143,7 @@ DEPTH_GRIDS = {
         seeds=(1, 2),
         overrides=dict(log_every=4, ckpt_every=4, warmup_steps=0),
         max_batches=2,
+        eval_tokens=256,
         publish=False,
     ),
     'cpu': DepthGrid('cpu', 1000, 200),
@@ -241,6 +243,8 @@ def check_depth(
     variants = list(spec.variants) or list(DEPTH_VARIANTS)
     if unknown := [v for v in variants if v not in DEPTH_VARIANTS]:
         raise ConfigError(f"variants {unknown} are not depth variants; choose from {list(DEPTH_VARIANTS)}.")
+    if isinstance(spec.eval_tokens, bool) or not isinstance(spec.eval_tokens, int) or spec.eval_tokens < 1:
+        raise ConfigError(f"eval_tokens = {spec.eval_tokens!r}: give a positive number of tokens per evaluation batch.")
     base = depth_base(spec, device)
     dev, seeds = str(resolve_device(base)), check_seeds(list(spec.seeds), [])
     out, fig = grid_dirs('depth', name, name == 'custom', spec.publish, out_dir, fig_dir)
@@ -259,7 +263,7 @@ DEPTH_VERSION = 1  # bump whenever the measurement changes: every record of anot
 RECORDS = 'depth.jsonl'  # one record per measured step, in each run's kept folder
 
 
-def depth_key(ckpt_dir, cfg: ExperimentConfig, data, max_batches) -> dict:
+def depth_key(ckpt_dir, cfg: ExperimentConfig, data, max_batches, eval_tokens: int = EVAL_TOKENS) -> dict:
     "What a measurement of the kept checkpoint `ckpt_dir` is keyed by."
     return dict(
         version=DEPTH_VERSION,
@@ -268,17 +272,20 @@ def depth_key(ckpt_dir, cfg: ExperimentConfig, data, max_batches) -> dict:
         config=hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:16],
         data=data.fingerprint,
         max_batches=max_batches,
+        **({} if eval_tokens == EVAL_TOKENS else dict(eval_tokens=eval_tokens)),  # default: the keys committed
     )
 
 # %% ../../nbs/06d_depth.ipynb #cd19f7bf
-def measure_kept(job: DepthJob, step: int, data, device='cpu', max_batches: int = None) -> dict:
+def measure_kept(
+    job: DepthJob, step: int, data, device='cpu', max_batches: int = None, eval_tokens: int = EVAL_TOKENS
+) -> dict:
     "The record of step `step` of a run: cached in its `depth.jsonl` under its key, else diagnosed and added."
     ck, cfg = job.keep_dir / f'ckpt-{step:06d}', job.cfg
-    key, path = depth_key(ck, cfg, data, max_batches), job.keep_dir / RECORDS
+    key, path = depth_key(ck, cfg, data, max_batches, eval_tokens), job.keep_dir / RECORDS
     if (r := cached_record(path, key)) is not None:
         return r
     t0, model = time.time(), load_kept(ck, cfg, device)
-    bs = max(cfg.batch_size, EVAL_TOKENS // cfg.seq_len)  # the windows of diagnose_run, as the main job measures
+    bs = max(cfg.batch_size, eval_tokens // cfg.seq_len)  # by default the windows of diagnose_run, as the main job's
     diag = diagnose(
         model,
         data,
@@ -308,7 +315,9 @@ def measure_kept(job: DepthJob, step: int, data, device='cpu', max_batches: int 
     return rec
 
 # %% ../../nbs/06d_depth.ipynb #fcf1a278
-def advance_depth(job: DepthJob, data, device='cpu', max_batches: int = None, progress: bool = False) -> str:
+def advance_depth(
+    job: DepthJob, data, device='cpu', max_batches: int = None, progress: bool = False, eval_tokens: int = EVAL_TOKENS
+) -> str:
     "Train the run to each measured step, keep and measure each checkpoint; the run's final state."
     job.keep_dir.mkdir(parents=True, exist_ok=True)
     with dir_lock(job.keep_dir, 'depth run'):
@@ -325,13 +334,15 @@ def advance_depth(job: DepthJob, data, device='cpu', max_batches: int = None, pr
                     print(f"{job.label}: FAILED: {e}", flush=True)
                     return 'failed'
                 keep_checkpoint(job, s)
-            measure_kept(job, s, data, device, max_batches)
+            measure_kept(job, s, data, device, max_batches, eval_tokens)
     return run_status(job.run_dir).get('state', 'missing')
 
 
 def _depth_one(job: dict) -> str:
     "The shared study runner's work for one run (here or in a spawned worker)."
-    state = advance_depth(job['job'], job_data(job), job['device'], job['max_batches'], job['progress'])
+    state = advance_depth(
+        job['job'], job_data(job), job['device'], job['max_batches'], job['progress'], job['eval_tokens']
+    )
     if job['progress']:
         print(f"{job['head']}: {state}", flush=True)
     return state
@@ -706,7 +717,7 @@ def plan_records(plan: DepthPlan, data) -> list:
         for s in j.steps:
             ck = j.keep_dir / f'ckpt-{s:06d}'
             if (ck / 'model.safetensors').is_file():
-                key = depth_key(ck, j.cfg, data, plan.spec.max_batches)
+                key = depth_key(ck, j.cfg, data, plan.spec.max_batches, plan.spec.eval_tokens)
                 if (r := cached_record(j.keep_dir / RECORDS, key)) is not None:
                     out.append(r)
     return out
@@ -744,13 +755,14 @@ def run_depth(
     data = (
         khop_data(*plan.spec.task) if plan.spec.task else prepare_data(plan.base, data_dir=data_dir, verbose=progress)
     )
+    measured = dict(max_batches=plan.spec.max_batches, eval_tokens=plan.spec.eval_tokens)
     made = dict(make_data=(khop_data, plan.spec.task)) if plan.spec.task else {}  # a worker makes it, never reads it
     if progress:
         n = sum(len(j.steps) for j in plan.jobs)
         print(f"depth study {plan.grid}: {len(plan.jobs)} runs, {n} checkpoints in {plan.out_dir}", flush=True)
     from looped_lm.extensions import depth as mod  # the exported work function: what a spawned worker can import
 
-    run_plan_jobs(plan, mod._depth_one, data, data_dir, lock_wait, progress, max_batches=plan.spec.max_batches, **made)
+    run_plan_jobs(plan, mod._depth_one, data, data_dir, lock_wait, progress, **measured, **made)
     with study_lock(plan.out_dir):
         records = plan_records(plan, data)
         publish_records(plan, records)

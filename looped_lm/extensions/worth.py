@@ -37,6 +37,7 @@ WORTH_GRIDS = {
         seeds=(1, 2),
         overrides=dict(log_every=4, ckpt_every=4, warmup_steps=2),
         max_batches=2,
+        eval_tokens=256,
         publish=False,
         schedule='preset',
         variants=WORTH_VARIANTS,
