@@ -106,13 +106,6 @@ VARIANTS = {
 GROUPS = {g: [n for n, v in VARIANTS.items() if v.group == g] for g in ('official', 'extension')}
 AT_RISK = 'perloop-rmsnorm'  # per-loop CE through RMSNorm readouts: the at-risk condition the studies follow
 
-# %% ../../nbs/04_variants.ipynb #6a98fcc3
-RENAMED = {
-    'norm-penalty': 'perloop-penalty',
-    'final-norm': 'perloop-finalnorm',
-    'scale-clamp': "no variant: the clamp modes are measured on every run (Table 4)",
-}
-
 # %% ../../nbs/04_variants.ipynb #474ecfb5
 FORMS = (
     "a Python list ([0, 1, 2]), a JSON/YAML list in a string ('[0, 1, 2]'), "
@@ -156,9 +149,6 @@ def check_variants(variants) -> list:
         raise ConfigError(
             f"variants {variants!r} selects no variant; name at least one of: {', '.join(VARIANTS)} (or 'all')."
         )
-    old = {n: RENAMED[n] for n in names if n in RENAMED}
-    if old:
-        raise ConfigError(f"Variant names changed: {', '.join(f'{a} -> {b}' for a, b in old.items())}.")
     bad = [n for n in names if n not in VARIANTS]
     if bad:
         raise ConfigError(
