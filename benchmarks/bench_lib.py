@@ -103,8 +103,8 @@ def bench_config(preset: str, **overrides) -> ExperimentConfig:
 
 
 def cpu_config(preset: str, **overrides) -> ExperimentConfig:
-    "`bench_config` as the CPU benchmarks run it: on the CPU, in float32, eager (no torch.compile), with `overrides`."
-    return bench_config(preset, device='cpu', dtype='float32', compile=False, **overrides)
+    "`bench_config` as the CPU benchmarks run it: on the CPU, in float32, eager (no torch.compile), then `overrides`."
+    return bench_config(preset, **(dict(device='cpu', dtype='float32', compile=False) | overrides))
 
 
 def shape_record(preset: str, c: LoopedLMConfig, seq_len: int, batch_size: int) -> dict:

@@ -2,7 +2,8 @@
 seed, interleaved rounds): the `cpu` preset's per-loop step as it is; the readout's CE in chunks (`ce_chunk`: the
 logits of a chunk of tokens at a time, their gradient computed in the forward pass, never a whole (tokens, vocabulary)
 tensor and its log-softmax backward); `torch.compile` (inductor, CPU) of the model, its compile seconds counted; one
-thread instead of two. Each lever's loss after the same steps is compared with today's: a lever that changes the
+thread instead of two; bf16 autocast (the paper's GPU precision; on a CPU fast only with AVX-512 BF16 or AMX, emulated
+elsewhere). Each lever's loss after the same steps is compared with today's: a lever that changes the
 numbers changes the default's code identity. And one lever on the diagnostics: a `diagnose_run` pass of a trained
 run in a fresh process (as the main job's run meets it), its readout's logits whole or `EVAL_CE_CHUNK` tokens at a
 time, with the report's numbers compared. Run alone on an idle machine.
@@ -22,10 +23,10 @@ from looped_lm.model.looped import LoopedLM, LoopedLMConfig  # noqa: E402
 from looped_lm.studies.variants import VARIANTS  # noqa: E402
 
 
-def contestant(variant: str, ce_chunk: int = 0, compiled: bool = False) -> dict:
+def contestant(variant: str, ce_chunk: int = 0, compiled: bool = False, dtype: str = 'float32') -> dict:
     "A model (seed 0) and its training step at the `cpu` preset; `seconds_to_ready`: building (and compiling) it."
     t0 = time.perf_counter()
-    cfg = VARIANTS[variant].config(cpu_config('cpu', ce_chunk=ce_chunk))
+    cfg = VARIANTS[variant].config(cpu_config('cpu', ce_chunk=ce_chunk, dtype=dtype))
     torch.manual_seed(0)
     model = LoopedLM(LoopedLMConfig.from_experiment(cfg))
     run = torch.compile(model) if compiled else model
@@ -55,6 +56,7 @@ def measure(variant: str, rounds: int) -> dict:
         ce_chunk_256=contestant(variant, ce_chunk=256),
         ce_chunk_512=contestant(variant, ce_chunk=512),
         compiled=contestant(variant, compiled=True),
+        bf16_autocast=contestant(variant, dtype='bfloat16'),
     )
     fns = {k: v['step'] for k, v in levers.items()}
     fns['today_1_thread'] = threads_call(levers['today']['step'], 1)
