@@ -26,7 +26,9 @@ import numpy as np
 import pytest
 import torch, torch.nn.functional as F
 
-from looped_lm.measure.protocol import LoopSpec, LoopSpecError, check_spec, from_hooks, run_loops
+from looped_lm.measure.protocol import LoopSpec, LoopSpecError, run_loops
+from looped_lm.measure.spec_checks import check_spec
+from looped_lm.measure.hooks import from_hooks
 from looped_lm.measure.diagnostics import clamp_modes, eval_exits, token_norms
 from looped_lm.measure.outside import from_open_mythos, from_tiny_recursive
 from looped_lm.measure.radial import radial_fractions

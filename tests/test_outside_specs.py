@@ -11,8 +11,8 @@ import pytest
 import torch, torch.nn as nn, torch.nn.functional as F
 
 from looped_lm.measure.protocol import LoopSpec, LoopSpecError, context_layout, run_loops
-from looped_lm.measure.protocol import check_spec
-from looped_lm.measure.protocol import from_hooks
+from looped_lm.measure.spec_checks import check_spec
+from looped_lm.measure.hooks import from_hooks
 from looped_lm.measure.diagnostics import DiagnosticReport
 from looped_lm.measure.diagnostics import (
     clamp_modes,

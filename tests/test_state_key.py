@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch, torch.nn as nn
 
-from looped_lm.measure.protocol import LoopSpec, LoopSpecError, check_spec, run_loops
+from looped_lm.measure.protocol import LoopSpec, LoopSpecError, run_loops
+from looped_lm.measure.spec_checks import check_spec
 from looped_lm.measure.diagnostics import diagnose
 
 V, D, K = 37, 12, 3

@@ -31,14 +31,11 @@ from looped_lm.measure.protocol import (
     clamp_refusal,
     readout_pieces,
     token_ce,
-    checked_spec,
-    IGNORED_STATE,
-    guarded_spec,
     PaddedTokens,
     n_scored,
     measured_positions,
-    padding_rel_diff,
 )
+from .spec_checks import IGNORED_STATE, checked_spec, guarded_spec, padding_rel_diff
 from .halting import loop_scores, adaptive_halting
 from .radial import radial_fractions, angular_updates
 from ..training.rundir import load_run

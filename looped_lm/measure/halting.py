@@ -10,7 +10,7 @@ import numpy as np, torch, torch.nn.functional as F
 from typing import NamedTuple
 from .protocol import run_loops, slice_context, token_windows, readout_pieces, token_ce
 from .protocol import n_scored, measured_positions, IGNORE_INDEX
-from .protocol import guarded_spec
+from .spec_checks import guarded_spec
 
 # %% auto #0
 __all__ = ['POLICIES', 'GRANULARITIES', 'halting_policy', 'LoopScores', 'loop_scores', 'adaptive_halting', 'halting_speed']

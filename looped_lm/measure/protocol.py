@@ -12,12 +12,10 @@ import torch, torch.nn as nn, torch.nn.functional as F
 from ..model.looped import LoopedLM
 from ..model.lemmas import radial_tangential
 from ..training.data import eval_batches
-import copy
 import dataclasses
 
 # %% auto #0
-__all__ = ['CLAMPS', 'IGNORE_INDEX', 'LoopSpecError', 'LoopSpec', 'from_looped_lm', 'run_loops', 'PaddedTokens',
-           'padding_rel_diff', 'check_spec', 'fresh_kwargs', 'from_hooks']
+__all__ = ['CLAMPS', 'IGNORE_INDEX', 'LoopSpecError', 'LoopSpec', 'model_device', 'from_looped_lm', 'run_loops', 'PaddedTokens']
 
 # %% ../../nbs/03_protocol.ipynb #9a4b592c
 class LoopSpecError(ValueError):
@@ -60,7 +58,7 @@ class LoopSpec:
         return f"LoopSpec({self.name!r}, K={self.K}, state={self.state!r})"
 
 # %% ../../nbs/03_protocol.ipynb #eadfdb3d
-def _device(model: nn.Module) -> torch.device:
+def model_device(model: nn.Module) -> torch.device:
     "The device of the model's first parameter (cpu for a model without any)."
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device('cpu')
@@ -71,7 +69,7 @@ def from_looped_lm(model: LoopedLM) -> LoopSpec:
     c = model.config
 
     def init(tokens):
-        return model.embed(tokens.to(_device(model))), None
+        return model.embed(tokens.to(model_device(model))), None
 
     def step(h, ctx, k):
         return model.loop(model.feed(h) if k > 1 else h)
@@ -93,11 +91,11 @@ def from_looped_lm(model: LoopedLM) -> LoopSpec:
         name=f"LoopedLM(readout={c.readout}, recurrence={c.recurrence})",
         state=f"the residual stream after loop k (output of the shared stack), before the readout norm; {fed}",
         readout_uses_k=c.readout == 'final_norm',
-        trace=lambda tokens: model(tokens.to(_device(model))).hidden,
+        trace=lambda tokens: model(tokens.to(model_device(model))).hidden,
         modules=(model,),
         readout_norm=readout_norm,
         exits=lambda tokens, k: (
-            model(tokens.to(_device(model)), exit_k=k, return_logits=True).logits if k <= c.K else None
+            model(tokens.to(model_device(model)), exit_k=k, return_logits=True).logits if k <= c.K else None
         ),
     )
 
@@ -224,7 +222,7 @@ def clamp_state(h: torch.Tensor, mode: str, prev: torch.Tensor = None, rms1: tor
     return h - along.to(h.dtype)
 
 
-def _as_tokens(tokens) -> torch.Tensor:
+def token_tensor(tokens) -> torch.Tensor:
     "Token ids (tensor, numpy array or nested list) as a (B, T) int64 tensor; a 1-D sequence becomes one row."
     t = torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, torch.Tensor) else tokens)
     if t.dtype.is_floating_point or t.dtype == torch.bool:
@@ -236,19 +234,19 @@ def _as_tokens(tokens) -> torch.Tensor:
     return t.long()
 
 
-def _memo(spec: LoopSpec) -> dict:
+def spec_memo(spec: LoopSpec) -> dict:
     "What was measured once about this spec object (its verdict, its context layout); emptied if a field changed."
     fields = tuple(getattr(spec, f) for f in spec.__dataclass_fields__)
-    old = spec.__dict__.get('_memo')
+    old = spec.__dict__.get('spec_memo')
     if old is None or len(old[0]) != len(fields) or any(a is not b for a, b in zip(old[0], fields)):
-        spec.__dict__['_memo'] = old = (fields, {})
+        spec.__dict__['spec_memo'] = old = (fields, {})
     return old[1]
 
 # %% ../../nbs/03_protocol.ipynb #d930a837
 def clamp_refusal(spec) -> str:
     "Why `spec` cannot be clamped ('' if it can): its `no_clamp`, or what its check found (a step that ignores H)."
     spec = as_spec(spec)
-    return spec.no_clamp or _memo(spec).get('verdict', {}).get('no_clamp', '')
+    return spec.no_clamp or spec_memo(spec).get('verdict', {}).get('no_clamp', '')
 
 # %% ../../nbs/03_protocol.ipynb #f4588604
 def call_user(spec, fn: str, k: int, *args):
@@ -289,7 +287,7 @@ def run_loops(spec, tokens, k: int, clamp: str = 'none', grad: bool = False) -> 
         raise LoopSpecError(f"Unknown clamp {clamp!r}; choose one of {', '.join(CLAMPS)}.")
     if clamp != 'none' and (why := clamp_refusal(spec)):
         raise LoopSpecError(f"{spec.name} cannot be clamped: {why}")
-    tokens = _as_tokens(tokens)
+    tokens = token_tensor(tokens)
     with torch.set_grad_enabled(grad):
         h, ctx = call_user(spec, 'init', 0, tokens)
         hidden, rms1 = [], None
@@ -339,7 +337,7 @@ def _probe_contexts(spec, seq_len: int, device, n_leaves: int = None) -> tuple:
 def context_layout(spec, seq_len: int, device='cpu', n_leaves: int = None) -> list:
     """Per context tensor (in `_leaves` order): True if it has one row per sequence, else shared; probed once per spec
     (and per number of tensors, for a context the loop grows) on contexts of `seq_len` tokens."""
-    spec, memo = as_spec(spec), _memo(as_spec(spec))
+    spec, memo = as_spec(spec), spec_memo(as_spec(spec))
     layouts = memo.setdefault('layouts', {})
     if n_leaves not in layouts:
         two, one = _probe_contexts(spec, seq_len, device, n_leaves)
@@ -419,7 +417,7 @@ class PaddedTokens:
     mask: torch.Tensor
 
     def __post_init__(self):
-        self.ids = _as_tokens(self.ids)
+        self.ids = token_tensor(self.ids)
         m = torch.as_tensor(self.mask if isinstance(self.mask, torch.Tensor) else np.asarray(self.mask))
         m = m[None] if m.dim() == 1 else m
         if m.shape != self.ids.shape:
@@ -550,517 +548,4 @@ def measured_positions(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         f"the state holds {h.shape[1]} positions for the {y.shape[1]} tokens of a padded batch, so which of them are "
         "padding cannot be told (register or memory tokens beside the sequence); diagnose the sequences as one 1-D "
         "stream of real tokens instead (a separator token between them)."
-    )
-
-# %% ../../nbs/03_protocol.ipynb #0d2f29b2
-def _ce64(logits, y):
-    "Mean next-token cross-entropy in float64."
-    return F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]), y.reshape(-1).to(logits.device)).item()
-
-
-def _depends(out, inp) -> bool:
-    "Whether autograd connects `out` to `inp` (False for a no_grad or detach in between)."
-    return (
-        out.requires_grad and torch.autograd.grad(out.sum(), inp, allow_unused=True, retain_graph=True)[0] is not None
-    )
-
-
-def _rel_diff(a, b) -> float:
-    "Relative L2 difference of two tensors, in float64."
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
-
-
-def _turned(h: torch.Tensor) -> torch.Tensor:
-    "`h` with every token turned to a fixed random direction, its norm kept: a state the readout must tell from `h`."
-    gen = torch.Generator(device=h.device).manual_seed(0)
-    r = torch.randn(h.shape, generator=gen, dtype=h.dtype, device=h.device)
-    return r * (torch.linalg.vector_norm(h, dim=-1, keepdim=True) / torch.linalg.vector_norm(r, dim=-1, keepdim=True))
-
-
-def _scale_answer(scale, tol, turned_ce: float = None):
-    """(scale-invariant? — None when the readout does not depend on H_K at all —, the answer in words) from the CE of
-    H_K halved, as is and doubled, and of H_K turned to random directions of the same norms (`turned_ce`)."""
-    base = next(r['ce'] for r in scale if r['alpha'] == 1.0)
-    d = max(abs(r['ce'] - base) for r in scale)
-    if turned_ce is not None and d <= tol and abs(turned_ce - base) <= tol:
-        return None, (
-            f"does NOT depend on H_K: the CE of the final readout changes by {max(d, abs(turned_ce - base)):.2g} "
-            "nats when H_K is halved, doubled or turned to random directions (float64) — not a scale-invariance"
-        )
-    kind = 'scale-invariant' if d <= tol else 'scale-SENSITIVE'
-    return (
-        d <= tol,
-        f"{kind}: the CE of the final readout changes by {d:.2g} nats when H_K is halved or doubled (float64)",
-    )
-
-# %% ../../nbs/03_protocol.ipynb #e1360aae
-def _hf_shifted(ctx, h1, K) -> bool:
-    "Whether step 1 returned the first of K+1 states held in the context (Hugging Face hidden states: embedding first)."
-    if isinstance(ctx, KeyedContext):  # a keyed spec's own record of its states is not a list of hidden states
-        return _hf_shifted(ctx['user'], h1, K)
-    if isinstance(ctx, dict):
-        return any(_hf_shifted(v, h1, K) for v in ctx.values())
-    if isinstance(ctx, (list, tuple)):
-        if len(ctx) == K + 1 and all(isinstance(t, torch.Tensor) and t.shape == h1.shape for t in ctx):
-            return torch.equal(ctx[0], h1)
-        return any(_hf_shifted(v, h1, K) for v in ctx)
-    return False
-
-
-def _step_probe(spec, x) -> dict:
-    "How step 2 treats its input, each time on a fresh run: does it ignore it, is it differentiable in it."
-    with torch.no_grad():
-        runs = []
-        for push in (0.0, 1.0):  # the same H_1, then H_1 plus noise of its own size
-            h0, ctx = spec.init(x)
-            h1 = spec.step(h0, ctx, 1)
-            if not runs and _hf_shifted(ctx, h1, spec.K):
-                raise LoopSpecError(
-                    f"{spec.name}: step 1 returns the first of the {spec.K + 1} states held in the context — "
-                    "Hugging Face-style hidden states put the embedding output first, which shifts every loop label "
-                    "by one (exit 1 would be the embedding's CE); drop it (hidden_states[1:]), or return states[k] "
-                    "with states[0] as H_0."
-                )
-            noise = torch.randn(h1.shape, generator=torch.Generator().manual_seed(0)).to(h1)
-            runs.append(spec.step(h1 + push * (h1.abs().mean() + 1e-3) * noise, ctx, 2))
-    res = dict(ignores_state=torch.equal(*runs), differentiable=None)
-    if not res['ignores_state']:
-        with torch.enable_grad():
-            h0, ctx = spec.init(x)
-            h1 = spec.step(h0, ctx, 1).detach().requires_grad_()
-            res['differentiable'] = _depends(spec.step(h1, ctx, 2), h1)
-    return res
-
-# %% ../../nbs/03_protocol.ipynb #1f2eb372
-IGNORED_STATE = (
-    "its step ignores the state it is given (the loop feeds back something else: a tensor kept in the context, or "
-    "states recorded from one forward pass)"
-)
-
-
-def _check_states(spec, x, hs, res):
-    "The checks on the states of one run: the model's own forward, identical states, the step's use of its input."
-    K = spec.K
-    if spec.trace is not None:
-        with torch.no_grad():
-            tr = spec.trace(x)
-        # (a from_hooks trace checks its count itself; with K replaced, the states both have are compared)
-        res['forward_rel_diff'] = max(_rel_diff(a, b) for a, b in zip(hs, tr))
-        if res['forward_rel_diff'] > 1e-4:
-            raise LoopSpecError(
-                f"{spec.name}: the steps do not reproduce the model's own forward (relative difference "
-                f"{res['forward_rel_diff']:.2g}): the loop module's other inputs change between loops, its first "
-                "argument is not the state, step feeds a different tensor than the forward, or the model is in "
-                "training mode with dropout (call model.eval())."
-            )
-    if K > 1 and all(torch.equal(hs[0], h) for h in hs[1:]):
-        raise LoopSpecError(
-            f"{spec.name}: all {K} states are identical — the step ignores its input state and depth (e.g. an adapter "
-            "whose forward ignores exit_k/num_steps and reruns the whole model); every exit would report the same CE."
-        )
-    probe = _step_probe(spec, x) if K > 1 else dict(ignores_state=None, differentiable=None)
-    res['steps_carry_state'] = None if K == 1 else not probe['ignores_state']
-    res['steps_differentiable'] = probe['differentiable']
-    clamp_lost = ", so a clamped state would never reach the next loop and every clamp would report an effect of 0"
-    fix = "; describe the fed-back tensor as the state, or say why in LoopSpec(no_clamp=...)."
-    res['no_clamp'] = spec.no_clamp or (IGNORED_STATE + clamp_lost + fix if probe['ignores_state'] else '')
-    if probe['differentiable'] is False:
-        raise LoopSpecError(
-            f"{spec.name}: step 2 uses its input state but is not differentiable in it (no_grad or detach inside "
-            "step); the objective's radial fraction needs gradients through later loops."
-        )
-
-# %% ../../nbs/03_protocol.ipynb #75fed861
-def _check_rows(spec, hs, ctx, res, seq_len: int):
-    "One sequence's readout (and step) with its sliced context must equal its row of the whole batch's."
-    if hs[0].shape[0] < 2:
-        return
-    K, rows = spec.K, slice(0, 1)
-    part = slice_context(spec, ctx, rows, hs[-1], seq_len)
-    with torch.no_grad():
-        one = call_user(spec, 'readout', K, hs[-1][rows], part, K)  # one sequence, with its part of the context
-        d = _rel_diff(one, call_user(spec, 'readout', K, hs[-1], ctx, K)[rows])
-        if res['steps_carry_state'] and K > 1:
-            d = max(d, _rel_diff(call_user(spec, 'step', K, hs[-2][rows], part, K), hs[-1][rows]))
-    res['slice_rel_diff'] = d
-    if d > 1e-4:
-        raise LoopSpecError(
-            f"{spec.name}: one sequence run with its part of the context differs from its row of the whole batch "
-            f"(relative difference {d:.2g}): the context holds per-sequence data the probe cannot see (not a tensor "
-            "with the batch first), or the callables mix sequences; pass LoopSpec(slice_ctx=(ctx, rows) -> ctx)."
-        )
-
-# %% ../../nbs/03_protocol.ipynb #8235fcef
-def _check_readout(spec, hs, ctx, y, res):
-    "The readout: its dependence on k, its gradient in the state, and the float64 CE of H_K scaled."
-    K = spec.K
-    with torch.no_grad():
-        ref = call_user(spec, 'readout', K, hs[-1], ctx, K)
-        res['readout_uses_k'] = any(
-            not torch.equal(call_user(spec, 'readout', k, hs[-1], ctx, k), ref) for k in range(1, K)
-        )
-    if res['readout_uses_k'] and not spec.readout_uses_k:
-        raise LoopSpecError(
-            f"{spec.name}: the readout of the same state changes with k, but the spec says it does not; set "
-            "readout_uses_k=True if that is meant (e.g. a norm at the final loop only), else make readout ignore k."
-        )
-    with torch.enable_grad():
-        h = hs[-1].detach().requires_grad_()
-        logits = spec.readout(h, ctx, K)
-        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1).to(h.device))
-        if not _depends(ce, h):
-            raise LoopSpecError(
-                f"{spec.name}: the readout's CE does not depend differentiably on the state (no_grad or detach "
-                "inside readout); radial fractions need d CE / d H_k."
-            )
-        del logits, ce
-    with torch.no_grad():
-        res['scale'] = [dict(alpha=a, ce=_ce64(spec.readout(a * hs[-1], ctx, K), y)) for a in (0.5, 1.0, 2.0)]
-        res['turned_ce'] = _ce64(spec.readout(_turned(hs[-1]), ctx, K), y)
-        res['ce'] = [_ce64(spec.readout(h, ctx, k), y) for k, h in enumerate(hs, 1)]
-
-# %% ../../nbs/03_protocol.ipynb #162c596a
-def _guard_rows(mask: torch.Tensor, n: int = 8) -> list:
-    """Up to `n` rows of a padded batch for the guard: the fewest and the most real tokens, the most padding before
-    and after them, then the first rows."""
-    real, first = mask.sum(1), mask.int().argmax(1)
-    after = mask.shape[1] - first - real
-    picks = [int(real.argmin()), int(real.argmax()), int(first.argmax()), int(after.argmax()), *range(len(mask))]
-    return list(dict.fromkeys(picks))[:n]
-
-
-def _guard_window(tokens: PaddedTokens, device) -> tuple:
-    "(row numbers, x, y): the rows the guard checks a padded batch on (`_guard_rows`), as one window."
-    rows = _guard_rows(tokens.mask)
-    return rows, *next(PaddedTokens(tokens.ids[rows], tokens.mask[rows]).windows(len(rows), 1, device))
-
-
-def _padding_error(spec, row: int, k: int, d: float, tol: float, before: bool) -> LoopSpecError:
-    "The refusal of a padded row whose logits differ from its tokens' alone: the cause and the fix, by padding side."
-    why = (
-        "It has padding before its tokens, which they attend to, or which moves their positions: pad on the right (a "
-        "causal model never reads what follows), or make init build the mask and the positions from the ids (e.g. "
-        "tokens != pad_id) and give them to the model."
-        if before
-        else "Its padding is only after its tokens, so the model reads what follows a position (it is not causal) or "
-        "depends on the row's length: give init the mask (e.g. tokens != pad_id) so that the model skips the padding."
-    )
-    return LoopSpecError(
-        f"{spec.name}: row {row} of the padded batch gives other logits at its scored tokens at exit {k} than its "
-        f"real tokens run alone, unpadded (relative difference {d:.2g} > {tol:.2g}): the model reads its padding. {why}"
-    )
-
-
-def padding_rel_diff(spec, tokens: PaddedTokens, device='cpu') -> float:
-    """The largest relative difference, over the guard's rows (`_guard_rows`) and every exit, between a row's logits
-    at its scored tokens in the padded batch and those of its real tokens run alone; refused above the tolerance.
-    Measured once per spec and guard rows (every diagnostic's guard asks again)."""
-    spec, (rows, x, y) = as_spec(spec), _guard_window(tokens, device)
-    key = (str(device), *(t[rows].cpu().numpy().tobytes() for t in (tokens.ids, tokens.mask)), tuple(x.shape))
-    if key in (done := _memo(spec).setdefault('padding', {})):
-        return done[key]
-    real, scored, d, worst = tokens.mask[rows][:, :-1].to(device), y != IGNORE_INDEX, 0.0, None
-    with torch.no_grad():
-        hs, ctx = run_loops(spec, x, spec.K)
-        measured_positions(hs[0], y)  # refuses a state of more positions than tokens
-        full = [call_user(spec, 'readout', k, h, ctx, k) for k, h in enumerate(hs, 1)]
-        for i in range(len(rows)):
-            cols = real[i].nonzero().flatten()
-            a, b = int(cols[0]), int(cols[-1]) + 1
-            alone, actx = run_loops(spec, x[i : i + 1, a:b], spec.K)
-            for k, (lg, h1) in enumerate(zip(full, alone), 1):
-                e = _rel_diff(call_user(spec, 'readout', k, h1, actx, k)[0][scored[i, a:b]], lg[i][scored[i]])
-                d, worst = (e, (i, k)) if e > d else (d, worst)
-    eps = max(torch.finfo(t.dtype).eps for t in (hs[-1], full[-1]) if t.is_floating_point())
-    tol = max(1e-4, 8 * eps)  # float32: 1e-4, bfloat16: 0.06; a model that reads its padding differs by ~1
-    if d > tol:
-        raise _padding_error(spec, rows[worst[0]], worst[1], d, tol, bool(real[worst[0], 0] == 0))
-    done[key] = d
-    return d
-
-# %% ../../nbs/03_protocol.ipynb #47908be4
-def _check_exits(spec, x, hs, ctx, res):
-    "The readout at every exit k against the model's own exit function (`LoopSpec.exits`), when the spec gives one."
-    if spec.exits is None:
-        return
-    with torch.no_grad():
-        own = [call_user(spec, 'exits', k, x, k) for k in range(1, len(hs) + 1)]  # None: no exit k (a spec run deeper)
-        diffs = [
-            _rel_diff(spec.readout(h, ctx, k), o) if o is not None else 0.0 for k, (h, o) in enumerate(zip(hs, own), 1)
-        ]
-    res['exit_rel_diff'] = max(diffs)
-    if bad := [k for k, d in enumerate(diffs, 1) if not d <= 1e-4]:
-        raise LoopSpecError(
-            f"{spec.name}: the readout at exit {bad[0]} differs from the model's own exit function (relative "
-            f"difference {diffs[bad[0] - 1]:.2g}; exits {bad} differ): the readout skips or changes part of the "
-            "model's exit (a halting-weighted sum, a final norm, a scale); describe the exit as the model computes it."
-        )
-
-
-def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
-    "Run `spec` on `tokens` and raise `LoopSpecError` for the silent mistakes; return what was measured (see above)."
-    spec = as_spec(spec)
-    x = _as_tokens(tokens)
-    if targets is None:
-        if x.shape[1] < 2:
-            raise LoopSpecError("check_spec needs sequences of >= 2 tokens (targets are the next tokens), or targets=")
-        x, y = x[:, :-1], x[:, 1:]
-    else:
-        y = _as_tokens(targets)
-    if not spec.state:
-        raise LoopSpecError(
-            f"{spec.name}: say which tensor H_k is, e.g. LoopSpec(..., state='the residual stream after loop k, "
-            "before the readout norm'); the diagnostics' results depend on it."
-        )
-    K, res = spec.K, dict(name=spec.name, state=spec.state, K=spec.K)
-    hs, ctx = run_loops(spec, x, K)
-    _check_states(spec, x, hs, res)
-    _check_rows(spec, hs, ctx, res, x.shape[1])
-    _check_readout(spec, hs, ctx, y, res)
-    _check_exits(spec, x, hs, ctx, res)
-    res['scale_invariant'], res['answer'] = _scale_answer(res['scale'], scale_tol, res['turned_ce'])
-    if readout_norm_at(spec, K) and res['scale_invariant'] is False:
-        raise LoopSpecError(
-            f"{spec.name}: readout_norm says the readout normalizes H_K, but it is not scale-invariant "
-            f"({res['answer']}); the lemma's prediction would be wrong — set readout_norm only where the norm is "
-            "applied to the state itself."
-        )
-    _memo(spec)['verdict'] = res
-    return res
-
-# %% ../../nbs/03_protocol.ipynb #43a40b1c
-def checked_spec(spec, tokens, targets=None) -> dict:
-    "`check_spec`'s verdict, measured once per spec object (a refusal is raised again): the guard of every diagnostic."
-    spec, memo = as_spec(spec), _memo(as_spec(spec))
-    if 'refused' in memo:
-        raise LoopSpecError(memo['refused'])
-    if 'verdict' not in memo:
-        try:
-            check_spec(spec, tokens, targets)
-        except LoopSpecError as e:
-            memo['refused'] = str(e)
-            raise
-    return memo['verdict']
-
-# %% ../../nbs/03_protocol.ipynb #de587ae2
-def _guard_batch(tokens, seq_len: int, device) -> tuple:
-    "(x, y) the spec's checks run on: a stream's first two windows, or the guard's rows of padded ones (`_guard_rows`)."
-    if isinstance(tokens, PaddedTokens):
-        return _guard_window(tokens, device)[1:]
-    return next(iter(token_windows(tokens, 2, seq_len, 1, device)))
-
-
-def guarded_spec(obj, tokens, seq_len: int, device='cpu', K: int = None) -> LoopSpec:
-    """The spec of `obj` (run for `K` loops if given), checked once per spec object on the first window of `tokens`;
-    padded rows are checked against their tokens alone every time (`padding_rel_diff`: the data's check, not the
-    spec's, so a refusal there leaves the spec usable on other tokens)."""
-    spec = as_spec(obj) if K is None else dataclasses.replace(as_spec(obj), K=K)
-    checked_spec(spec, *_guard_batch(tokens, seq_len, device))  # raises LoopSpecError, naming the cause, before work
-    if isinstance(tokens, PaddedTokens):
-        padding_rel_diff(spec, tokens, device)
-    return spec
-
-# %% ../../nbs/03_protocol.ipynb #3da98de4
-class _Stop(Exception):
-    "Raised by the pre-hook to end a forward pass at the loop module's first call."
-
-
-def _state_of(out, select, name):
-    "The state tensor among a loop module's outputs: `select(out)`, the first of a tuple, or the tensor itself."
-    if select is not None:
-        out = select(out)
-    elif isinstance(out, (tuple, list)):
-        out = out[0]
-    if not isinstance(out, torch.Tensor):
-        raise LoopSpecError(
-            f"{name}: the loop module returned a {type(out).__name__}, not a tensor; "
-            "pass select=lambda out: ... to pick the state."
-        )
-    return out
-
-# %% ../../nbs/03_protocol.ipynb #b83c6224
-def fresh_kwargs(forward_kwargs) -> dict:
-    """The keyword arguments of one forward call: `forward_kwargs()` when it is a function, else a deep copy of the
-    dict, so a mutable argument (a KV cache, a list the model appends to) never carries over from call to call."""
-    return dict(forward_kwargs()) if callable(forward_kwargs) else copy.deepcopy(dict(forward_kwargs or {}))
-
-
-def _first_calls(model, mods, tokens, forward_kwargs, name):
-    "(state, [(other args, kwargs) of each loop module's first call]) in model(tokens); the forward stops at the last."
-    got = [None] * len(mods)
-
-    def pre(i, args, kwargs):
-        got[i] = got[i] or (args, kwargs)
-        if i == len(mods) - 1:
-            raise _Stop
-
-    hooks = [
-        m.register_forward_pre_hook(lambda mod, a, kw, i=i: pre(i, a, kw), with_kwargs=True) for i, m in enumerate(mods)
-    ]
-    try:
-        model(tokens, **fresh_kwargs(forward_kwargs))
-    except _Stop:
-        pass
-    finally:
-        for hook in hooks:
-            hook.remove()
-    if None in got:
-        raise LoopSpecError(
-            f"{name}: loop module {got.index(None)} was never called by the forward; "
-            "pass the submodule(s) the forward runs once per loop, in the order it calls them."
-        )
-    if not all(args and isinstance(args[0], torch.Tensor) for args, _ in got):
-        raise LoopSpecError(
-            f"{name}: the loop module's first positional argument must be the state tensor; "
-            "pass embed=... or write a LoopSpec."
-        )
-    return got[0][0][0], [(args[1:], kwargs) for args, kwargs in got]
-
-# %% ../../nbs/03_protocol.ipynb #9bdbbdeb
-def _check_count(n, K, name, what):
-    "Refuse a forward that gave `n` states for `K` loops, naming the likely cause (K + 1: the embedding first)."
-    if n == K:
-        return
-    hint = (
-        "one more than K: Hugging Face-style hidden states put the embedding output first, which would shift "
-        "every loop label "
-        "by one — drop it, e.g. states=lambda out: out.hidden_states[1:]"
-        if n == K + 1
-        else "the hooked module ran once for all K loops: its loop is written inside its own forward, where no hook "
-        "can see it — hook the module that loop calls once per iteration, or write a LoopSpec (init, step, readout)"
-        if n == 1
-        else "the forward did not run K loops — pass forward_kwargs that make it run K (e.g. dict(num_steps=K)), "
-        "or fix K"
-    )
-    raise LoopSpecError(f"{name}: {what} gave {n} states for K={K}: {hint}.")
-
-# %% ../../nbs/03_protocol.ipynb #4dd7a512
-def _loop_modules(loop_module, states, embed, name) -> list:
-    "`loop_module` as a list of the modules the forward runs in turn once per loop; refused where it cannot be hooked."
-    several = isinstance(loop_module, (list, tuple, nn.ModuleList))  # a loop body of several modules, in call order
-    mods = list(loop_module) if several else [loop_module]
-    if states is None and not (mods and all(isinstance(m, nn.Module) for m in mods)):
-        raise LoopSpecError(
-            f"{name}: loop_module must be the nn.Module the forward runs once per loop, or a list of the modules "
-            "it runs in turn once per loop (or pass states=...)."
-        )
-    if embed is not None and len(mods) > 1:
-        raise LoopSpecError(f"{name}: embed= serves a single loop module; with several, let the forward find H_0.")
-    return mods
-
-# %% ../../nbs/03_protocol.ipynb #7b5a7e0b
-def _hooked_trace(model, mods, K, fk, states, select, name) -> Callable:
-    "tokens -> [H_1..H_K] of the model's own forward: `states(output)`, or recorded by a hook on the last module."
-
-    def trace(tokens):
-        if states is not None:
-            hs = list(states(model(tokens.to(_device(model)), **fresh_kwargs(fk))))
-        else:
-            hs = []
-            hook = mods[-1].register_forward_hook(lambda mod, args, out: hs.append(_state_of(out, select, name)))
-            try:
-                model(tokens.to(_device(model)), **fresh_kwargs(fk))
-            finally:
-                hook.remove()
-        _check_count(
-            len(hs), K, name, 'the forward' + (' (states=...)' if states is not None else ' (hooked loop module)')
-        )
-        return hs
-
-    return trace
-
-# %% ../../nbs/03_protocol.ipynb #9c486ba5
-def _recorded_spec(model, readout, K, trace, state, name) -> LoopSpec:
-    "A spec that reads the K states of one forward pass (`trace`): it cannot step past K, and refuses clamps."
-
-    def init(tokens):
-        return None, dict(states=trace(tokens))
-
-    def step(h, ctx, k):
-        if k > len(ctx['states']):
-            raise LoopSpecError(
-                f"{name}: a recorded spec holds the {len(ctx['states'])} loops of one forward "
-                f"pass and cannot run loop {k}; use a steppable spec to go beyond K."
-            )
-        return ctx['states'][k - 1]
-
-    why = (
-        "its states were recorded from one forward pass, so a clamped state would never reach the next loop "
-        "and the clamp "
-        "would silently change nothing; use from_hooks(..., steppable=True) with the module that receives the "
-        "state, or a LoopSpec."
-    )
-    return LoopSpec(
-        init,
-        step,
-        readout,
-        K,
-        name,
-        state or f"the recorded output of loop k of {name}'s own forward",
-        no_clamp=why,
-        trace=trace,
-        modules=(model,),
-    )
-
-# %% ../../nbs/03_protocol.ipynb #5766b4e5
-def _steppable_init(model, mods, embed, fk, name) -> Callable:
-    "tokens -> (H_0, context): the loop modules' first-call arguments (the forward stopped there), or `embed`'s."
-
-    def init(tokens):
-        if embed is None:
-            h0, calls = _first_calls(model, mods, tokens.to(_device(model)), fk, name)
-        else:
-            h0, args, kwargs = embed(tokens.to(_device(model)))
-            calls = [(args, kwargs)]
-        return h0, dict(calls=[(tuple(args), dict(kwargs)) for args, kwargs in calls])
-
-    return init
-
-
-def _steppable_step(mods, select, name) -> Callable:
-    "(H_{k-1}, context, k) -> H_k: the loop modules called in turn on the state, with their first-call arguments."
-
-    def step(h, ctx, k):
-        out = h
-        for mod, (args, kwargs) in zip(mods, ctx['calls']):
-            out = _state_of(mod(out, *args, **kwargs), select, name)
-        if out.shape != h.shape:
-            raise LoopSpecError(
-                f"{name}: the loop module maps a state of shape {tuple(h.shape)} to one of shape {tuple(out.shape)}: "
-                "its first argument is not the state it returns; hook the module that takes the state first and "
-                "returns the next state, or pass embed=..., or write a LoopSpec."
-            )
-        return out
-
-    return step
-
-# %% ../../nbs/03_protocol.ipynb #5bcb103e
-def from_hooks(
-    model: nn.Module,
-    loop_module: nn.Module,
-    readout: Callable,
-    K: int,
-    embed: Callable = None,
-    forward_kwargs: dict = None,
-    states: Callable = None,
-    select: Callable = None,
-    steppable: bool = True,
-    state: str = '',
-    name: str = None,
-) -> LoopSpec:
-    "A `LoopSpec` for `model` from its per-loop submodule(s) `loop_module` (first argument: the state, output: next)."
-    fk, name = forward_kwargs, name or type(model).__name__  # `fresh_kwargs(fk)` for every call
-    mods = _loop_modules(loop_module, states, embed, name)
-    trace = _hooked_trace(model, mods, K, fk, states, select, name)
-    if states is not None or not steppable:
-        return _recorded_spec(model, readout, K, trace, state, name)
-    return LoopSpec(
-        _steppable_init(model, mods, embed, fk, name),
-        _steppable_step(mods, select, name),
-        readout,
-        K,
-        name,
-        state or f"the output of {type(mods[-1]).__name__} at loop k, which the next loop receives",
-        trace=trace,
-        modules=(model,),
     )

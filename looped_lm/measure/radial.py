@@ -13,7 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from ..model.lemmas import radial_fraction, radial_exact, angle_between, radial_tangential
 from .protocol import LoopSpecError, as_spec, run_loops, token_windows, readout_norm_at, token_ce
-from .protocol import checked_spec, IGNORED_STATE, guarded_spec, n_scored, measured_positions
+from .protocol import n_scored, measured_positions
+from .spec_checks import IGNORED_STATE, checked_spec, guarded_spec
 from ..training.train import norm_penalty as penalty
 
 # %% auto #0
