@@ -26,9 +26,9 @@ from ..core.config import ConfigError
 from ..model.looped import LoopedLM, LoopedLMConfig
 
 # %% auto #0
-__all__ = ['CODE_OVERRIDE', 'RunDirError', 'read_json', 'run_status', 'read_metrics', 'DamagedCheckpointError',
+__all__ = ['CODE_OVERRIDE', 'RunDirError', 'read_json', 'run_status', 'read_metrics', 'record_mismatch', 'DamagedCheckpointError',
            'verify_checkpoint', 'CheckpointWriteError', 'checkpoint_machine', 'latest_checkpoint', 'restore_config',
-           'check_code', 'check_run_data', 'load_run']
+           'check_code', 'check_identity', 'check_run_data', 'load_run']
 
 # %% ../../nbs/02b_rundir.ipynb #5593e09a
 class RunDirError(RuntimeError):
@@ -73,7 +73,8 @@ def expected_records(cfg: ExperimentConfig, step: int) -> list:
     return recs + [('eval', cfg.steps)] if step == cfg.steps else recs
 
 
-def _parse_metrics(p: Path, torn_ok: bool) -> list:
+def parse_metrics(p: Path, torn_ok: bool) -> list:
+    "The records of the metrics file `p`; a damaged line is a `RunDirError`, except a torn last one when `torn_ok`."
     lines, recs = p.read_text().splitlines(), []
     for i, l in enumerate(lines):
         try:
@@ -96,19 +97,20 @@ def read_metrics(run_dir, kind: str = None) -> list:
     if not p.exists():
         return []
     done = run_status(run_dir).get('state') == 'done'
-    recs = _parse_metrics(p, torn_ok=True)  # of a finished run, a torn last line shows as a missing record
+    recs = parse_metrics(p, torn_ok=True)  # of a finished run, a torn last line shows as a missing record
     if done and (c := read_json(Path(run_dir) / 'config.json')) is not None:
         cfg = ExperimentConfig(**c)
         if (have := [(r['kind'], r['step']) for r in recs]) != (want := expected_records(cfg, cfg.steps)):
             raise RunDirError(
                 f"{p} is incomplete: the finished run wrote {len(want)} records, the file holds {len(have)} "
-                f"({_missing(have, want)}); it was truncated or edited. Delete {p.parent} and train it again "
+                f"({record_mismatch(have, want)}); it was truncated or edited. Delete {p.parent} and train it again "
                 "(the same seed gives the same run)."
             )
     return [r for r in recs if kind is None or r['kind'] == kind]
 
 
-def _missing(have, want) -> str:
+def record_mismatch(have, want) -> str:
+    "How the (kind, step) records `have` differ from those `want`: the missing, the unexpected or repeated."
     gone, extra = [s for s in want if s not in have], [s for s in have if s not in want or have.count(s) > 1]
     return (
         '; '.join(
@@ -484,7 +486,8 @@ def check_code(run_dir: Path) -> dict:
     return dict(now, earlier=[*old.get('earlier', []), dict(earlier, until_step=step)])
 
 
-def _check_identity(run_dir: Path, cfg: ExperimentConfig):
+def check_identity(run_dir: Path, cfg: ExperimentConfig):
+    "Refuse to train `cfg` in `run_dir` when the folder holds a run of another config."
     old = _config_of(run_dir)
     if old is not None and old.to_dict() != cfg.to_dict():
         raise RunDirError(

@@ -30,16 +30,16 @@ from looped_lm.training.rundir import (
     set_status,
     run_status,
     expected_records,
-    _parse_metrics,
+    parse_metrics,
     read_metrics,
-    _missing,
+    record_mismatch,
     append_metrics,
     data_record,
     save_checkpoint,
     latest_checkpoint,
     load_checkpoint,
     run_lock,
-    _check_identity,
+    check_identity,
     check_run_data,
     check_code,
 )
@@ -339,7 +339,7 @@ def _result(run_dir):
 def open_run(cfg: ExperimentConfig, run_dir: Path, data: TokenData | None, rank: int) -> RunResult | None:
     "Under the lock: refuse another run's folder; a failed run's verdict again; a finished run's result; None: train."
     if rank == 0:
-        _check_identity(run_dir, cfg)
+        check_identity(run_dir, cfg)
     st = run_status(run_dir)
     if st.get('state') == 'failed':
         raise TrainingError(
@@ -402,11 +402,11 @@ def check_resume(run_dir: Path, cfg: ExperimentConfig):
     sweep_stale_tmp(run_dir)
     ckpt, p = latest_checkpoint(run_dir), run_dir / 'metrics.jsonl'
     step = int(ckpt.name.split('-')[1]) if ckpt else 0
-    recs = [r for r in (_parse_metrics(p, torn_ok=True) if p.exists() else []) if r['step'] <= step]
+    recs = [r for r in (parse_metrics(p, torn_ok=True) if p.exists() else []) if r['step'] <= step]
     have, want = [(r['kind'], r['step']) for r in recs], expected_records(cfg, step)
     if have != want[: len(have)]:
         raise RunDirError(
-            f"{p} does not match its checkpoint {ckpt.name} ({_missing(have, want)}): another process wrote "
+            f"{p} does not match its checkpoint {ckpt.name} ({record_mismatch(have, want)}): another process wrote "
             f"into this run, or the file was edited. Delete {run_dir} to train that run again."
         )
     if len(have) < len(want):
