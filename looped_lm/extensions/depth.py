@@ -190,22 +190,22 @@ def task_settings(task: tuple) -> dict:
     return dict(vocab_size=khop_vocab(n_sym, hops), seq_len=seq_len, stride=seq_len, corpus=khop_corpus(n_sym, hops))
 
 
-def _steps(v, what: str = 'steps') -> int:
+def _count(v, what: str = 'steps', unit: str = 'optimiser steps') -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"{what} = {v!r}: give a positive integer number of optimiser steps.")
+        raise ConfigError(f"{what} = {v!r}: give a positive integer number of {unit}.")
     return v
 
 
 def depth_base(spec: DepthGrid, device: str = 'auto', steps: int = None) -> ExperimentConfig:
     """The grid's preset, `steps` (default: the grid's) optimiser steps long (its own checkpoint cadence kept), on
     schedule `wsd` or, for a `'preset'` grid, on the preset's own schedule over that budget."""
-    steps = _steps(spec.steps if steps is None else steps)
+    steps = _count(spec.steps if steps is None else steps)
     if spec.schedule not in ('wsd', 'preset'):
         raise ConfigError(f"schedule = {spec.schedule!r}: choose 'wsd' (a cooldown) or 'preset' (the preset's own).")
     probe = load_preset(spec.preset, **spec.overrides, **task_settings(spec.task))
     base = probe.replace(train_tokens=steps * probe.batch_size * probe.seq_len)
     if spec.schedule == 'wsd':
-        base = base.replace(schedule='wsd', decay_steps=_steps(spec.decay_steps, 'decay_steps'))
+        base = base.replace(schedule='wsd', decay_steps=_count(spec.decay_steps, 'decay_steps'))
     return base if check_device(device) == 'auto' else base.replace(device=device)
 
 
@@ -243,8 +243,7 @@ def check_depth(
     variants = list(spec.variants) or list(DEPTH_VARIANTS)
     if unknown := [v for v in variants if v not in DEPTH_VARIANTS]:
         raise ConfigError(f"variants {unknown} are not depth variants; choose from {list(DEPTH_VARIANTS)}.")
-    if isinstance(spec.eval_tokens, bool) or not isinstance(spec.eval_tokens, int) or spec.eval_tokens < 1:
-        raise ConfigError(f"eval_tokens = {spec.eval_tokens!r}: give a positive number of tokens per evaluation batch.")
+    _count(spec.eval_tokens, 'eval_tokens', 'tokens per evaluation batch')
     base = depth_base(spec, device)
     dev, seeds = str(resolve_device(base)), check_seeds(list(spec.seeds), [])
     out, fig = grid_dirs('depth', name, name == 'custom', spec.publish, out_dir, fig_dir)
