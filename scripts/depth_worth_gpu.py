@@ -15,7 +15,8 @@ missing is trained and measured.
 import argparse
 import time
 
-from looped_lm.extensions.depth import check_depth, plan_records, publish_records
+from looped_lm.extensions.depth import check_depth, plan_records
+from looped_lm.extensions.grid import publish_records
 from looped_lm.extensions.worth import WORTH_GRIDS, rebuild_worth, run_worth
 from looped_lm.studies.runner import study_lock
 from looped_lm.training.data import prepare_data
@@ -28,7 +29,7 @@ def publish_measured(grid: str, out_dir, device: str) -> list:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     with study_lock(plan.out_dir):
         records = plan_records(plan, data)
-        publish_records(plan, records)
+        publish_records(plan.jobs, records, plan.fig_dir)
         if records:
             rebuild_worth(plan.fig_dir, plan.spec.seeds)
     print(f"published {len(records)} of {len(plan.jobs)} runs' records into {plan.fig_dir}")

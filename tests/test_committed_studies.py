@@ -195,7 +195,8 @@ def test_horizon_pages_rebuild_from_the_committed_records(tmp_path):
     identical to the committed pages."""
     import dataclasses
     import pandas as pd
-    from looped_lm.extensions.horizon import analyse, check_horizon, horizon_table, read_records, write_horizon
+    from looped_lm.extensions.grid import read_records
+    from looped_lm.extensions.horizon import analyse, check_horizon, horizon_table, write_horizon
 
     src = FIGURES / 'horizon-cpu'
     records = [r for f in sorted((src / 'records').glob('*.jsonl')) for r in read_records(f)]

@@ -17,16 +17,14 @@ from looped_lm.studies.variants import AT_RISK
 from looped_lm.extensions.horizon import (
     HORIZON_GRIDS,
     RECORDS,
-    _check_arms,
-    cached_record,
+    HorizonGrid,
     check_horizon,
     checkpoint_steps,
     clock_of,
     horizon_key,
-    put_record,
-    read_records,
     run_horizon,
 )
+from looped_lm.extensions.grid import cached_record, put_record, read_records
 from looped_lm.extensions.horizon import (
     CLOCKS,
     PAPER_CLOCK,
@@ -50,7 +48,7 @@ def test_paper_clock():
     assert 3.0 < clock_of(cos, cos.steps)['lr_steps'] < 3.6  # the cosine preset: about a ninth of the paper's
 
 
-def test_checkpoint_steps_and_arms():
+def test_checkpoint_steps_and_arms(tmp_path):
     assert checkpoint_steps(50, 3000) == [50, 100, 200, 400, 800, 1600, 3000]
     assert checkpoint_steps(4, 32) == [4, 8, 16, 32]
     assert checkpoint_steps(1, 10, 1.5) == [1, 2, 3, 5, 8, 10]
@@ -66,7 +64,8 @@ def test_checkpoint_steps_and_arms():
         (((1e-3, [AT_RISK]), (1e-3, ['perloop-raw'])), 'twice'),
     ]:
         with pytest.raises(ConfigError, match=msg):
-            _check_arms(arms)
+            check_horizon(HorizonGrid('smoke', 100, arms, (0,)), out_dir=tmp_path / 'refused')
+    assert not (tmp_path / 'refused').exists()
 
 
 def test_cpu_plan(tmp_path):

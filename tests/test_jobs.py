@@ -3,7 +3,7 @@
 - the plan of the paper-exact study (2 presets x 7 official conditions x 3 seeds = 42 runs) prints without a GPU,
   from the throughput measured in benchmarks/results/gpu.json; a plan knows done, paused and new runs;
 - the token data is prepared once, and a job only reads it (a job that cannot see it stops with the fix);
-- local jobs of `ablation._run_one`: a job that fails for good is reported, the others finish;
+- local jobs of `ablation.train_and_diagnose`: a job that fails for good is reported, the others finish;
 - a job preempted mid-run the way SLURM does it (USR2 to its task) is requeued by submitit and ends with weights,
   optimizer state and metrics identical to a run that was never interrupted; one preempted in its first instant (before
   submitit's handler exists, so it leaves no result) is submitted again by the runner and ends the same;
@@ -20,7 +20,7 @@ import pytest
 import looped_lm.studies.runner as J
 import looped_lm.studies.ablation as A
 from looped_lm.studies.variants import VARIANTS, GROUPS
-from looped_lm.studies.ablation import run_dir_of, _run_one, run_ablation, study_key
+from looped_lm.studies.ablation import run_dir_of, train_and_diagnose, run_ablation, study_key
 from looped_lm.core.config import ConfigError, load_preset
 from looped_lm.training.train import train
 from looped_lm.training.rundir import run_status
@@ -31,7 +31,7 @@ SMOKE = load_preset('smoke')
 
 
 def study_jobs(preset, variants, out_dir, seeds=None, **overrides) -> list:
-    "Job dicts as `run_ablation` builds them for `_run_one` (without the token arrays)."
+    "Job dicts as `run_ablation` builds them for `train_and_diagnose` (without the token arrays)."
     cfg = load_preset(preset, **overrides)
     runs = [(v, s) for v in variants for s in (seeds or cfg.seed_list)]
     return [
@@ -107,10 +107,10 @@ def test_bad_input_is_refused_before_any_work(tmp_path):
             (dict(jobs=[dict(run_dir='x')]), "ExperimentConfig 'cfg'"),
         ]:
             with pytest.raises(ConfigError, match=match):
-                J.submit_jobs(**dict(dict(jobs=jobs, work=_run_one, folder=tmp_path / 'jobs'), **kw))
+                J.submit_jobs(**dict(dict(jobs=jobs, work=train_and_diagnose, folder=tmp_path / 'jobs'), **kw))
         if shutil.which('sbatch') is None:
             with pytest.raises(ConfigError, match='sbatch'):
-                J.submit_jobs(jobs, _run_one, 'slurm', folder=tmp_path / 'jobs')
+                J.submit_jobs(jobs, train_and_diagnose, 'slurm', folder=tmp_path / 'jobs')
 
 
 def test_slurm_script(tmp_path):
@@ -129,7 +129,14 @@ def test_a_failed_job_is_reported_and_the_others_finish(tmp_path, smoke_data):
     Path(jobs[0]['run_dir']).parent.mkdir(parents=True)
     Path(jobs[0]['run_dir']).write_text('a file where the run folder should be')
     out = J.submit_jobs(
-        jobs, _run_one, 'local', folder=tmp_path / 'jobs', gpus_per_job=0, timeout_min=10, max_parallel=2, poll_s=0.2
+        jobs,
+        train_and_diagnose,
+        'local',
+        folder=tmp_path / 'jobs',
+        gpus_per_job=0,
+        timeout_min=10,
+        max_parallel=2,
+        poll_s=0.2,
     )
     assert [o.state for o in out] == ['failed', 'done'] and [o.name for o in out] == [
         'perloop-rmsnorm-seed0',
@@ -149,7 +156,7 @@ def test_a_preempted_job_resumes_to_identical_weights(tmp_path, smoke_data):
     job = study_jobs('smoke', ['perloop-rmsnorm'], tmp_path / 'study', seeds=[0], **ov)[0]
     prepared = J.prepare_once([job], verbose=False)
     ex = J.make_executor('local', tmp_path / 'jobs', gpus_per_job=0, timeout_min=60)  # USR2 before 48 min: preempted
-    sub = ex.submit(J.StudyJob(_run_one, job, prepared[J.data_key(job['cfg'])]))
+    sub = ex.submit(J.StudyJob(train_and_diagnose, job, prepared[J.data_key(job['cfg'])]))
     J.wait_for(lambda: latest_checkpoint(job['run_dir']) is not None or sub.done())
     assert not sub.done(), f'the job ended before its first checkpoint was seen: {sub.stderr()}'
     assert J.preempt(sub)
@@ -186,7 +193,9 @@ def test_a_job_preempted_at_its_start_is_submitted_again(tmp_path, smoke_data, c
         return ex
 
     with mock.patch.object(J, 'make_executor', make_preempting):
-        out = J.submit_jobs([job], _run_one, 'local', tmp_path / 'jobs', gpus_per_job=0, timeout_min=60, verbose=False)
+        out = J.submit_jobs(
+            [job], train_and_diagnose, 'local', tmp_path / 'jobs', gpus_per_job=0, timeout_min=60, verbose=False
+        )
     assert hit and out[0].state == 'done', out[0].error
     assert 'ended before it could run' in capsys.readouterr().out  # the runner resubmitted it, not submitit
     assert run_status(job['run_dir'])['state'] == 'done'
@@ -199,7 +208,9 @@ def test_a_job_preempted_at_its_start_is_submitted_again(tmp_path, smoke_data, c
 def test_slurm_jobs(tmp_path, smoke_data):
     "On a SLURM login node: two smoke runs as a job array, on CPU nodes (set LOOPED_LM_CACHE to a shared folder)."
     jobs = study_jobs('smoke', ['perloop-rmsnorm', 'perloop-raw'], Path.cwd() / 'slurm-test-runs', seeds=[0])
-    out = J.submit_jobs(jobs, _run_one, 'slurm', folder=Path.cwd() / 'slurm-test-jobs', gpus_per_job=0, timeout_min=30)
+    out = J.submit_jobs(
+        jobs, train_and_diagnose, 'slurm', folder=Path.cwd() / 'slurm-test-jobs', gpus_per_job=0, timeout_min=30
+    )
     assert [o.state for o in out] == ['done', 'done'], [o.error for o in out]
 
 

@@ -20,7 +20,7 @@ PARTS = {
     'training': 'the corpus and tokenizers, token data, run folders and checkpoints, the trainer',
     'measure': 'the loop spec of any looped model and its checks, halting, radial fractions, the diagnostics, hooks',
     'studies': "variants, the runner and its jobs, tables, claims, the ablation's machinery, figures",
-    'extensions': 'our studies beyond the paper: growth laws, scaling, horizon, depth, the depth-worth test',
+    'extensions': 'our studies beyond the paper: growth laws, scaling, the grid skeleton, horizon, depth, depth-worth',
     'interop': 'the model outside the repository: run folders as models, transformers, lm-evaluation-harness',
 }
 # (chapter, module it exports or None), in reading order; a chapter's number is its part's (00 = core, ...), except
@@ -50,6 +50,7 @@ CHAPTERS = [
     ('05_ablation', None),
     ('06_growth', 'extensions.growth'),
     ('06a_scaling', 'extensions.scaling'),
+    ('06b_grid', 'extensions.grid'),
     ('06c_horizon', 'extensions.horizon'),
     ('06d_depth', 'extensions.depth'),
     ('06e_worth', 'extensions.worth'),

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from looped_lm.measure.radial import radial_fractions, radial_scale
-from looped_lm.measure.diagnostics import DIAG_VERSION, _cached, radial_scale_of
+from looped_lm.measure.diagnostics import DIAG_VERSION, cached_report, radial_scale_of
 from looped_lm.model.lemmas import radial_exact, radial_fraction
 from looped_lm.measure.protocol import LoopSpec
 
@@ -101,6 +101,6 @@ def test_old_reports_are_read_and_recomputed(tmp_path):
     p = tmp_path / 'diagnostics.json'
     key = dict(version=DIAG_VERSION, checkpoint='ckpt-000010:abc', max_batches=None)
     p.write_text(json.dumps({**key, 'version': 4, 'radial': [{'k': 1, 'readout': 1e-7, 'predicted': 2e-7}]}))
-    assert _cached(p, key) is None  # a version-4 report is recomputed, not read
+    assert cached_report(p, key) is None  # a version-4 report is recomputed, not read
     p.write_text(json.dumps({**key, 'radial': []}))
-    assert _cached(p, key) is not None
+    assert cached_report(p, key) is not None

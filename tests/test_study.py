@@ -183,7 +183,7 @@ def test_study_lock_outwaits_an_orphaned_kernel(tmp_path):
 
 
 def toy_work(job):
-    "Stands for `_run_one`: takes the run's lock, as the trainer does."
+    "Stands for `train_and_diagnose`: takes the run's lock, as the trainer does."
     with dir_lock(job['run_dir'], 'run'):
         return 'done'
 

@@ -17,7 +17,9 @@ from dataclasses import fields
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['STYLES', 'READOUTS', 'RECURRENCES', 'LOSSES', 'format_number', 'ExperimentConfig', 'ConfigError', 'list_presets',
+__all__ = ['STYLES', 'READOUTS', 'RECURRENCES', 'LOSSES', 'CORPORA', 'DTYPES', 'DEVICES', 'MLPS', 'INITS', 'SCHEDULES',
+           'TOKENIZERS', 'format_number', 'short_number', 'ExperimentConfig', 'ConfigError', 'named_choice',
+           'check_seed_values', 'parse_seeds', 'validate_values', 'settings_path', 'list_presets', 'parse_values',
            'load_preset']
 
 # %% ../../nbs/00_config.ipynb #0cb6dcd1

@@ -9,8 +9,9 @@ import ast, contextlib, errno, hashlib, importlib.util, json, os, re, secrets, s
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['NO_MACHINE', 'WriteError', 'fsync', 'read_json_lines', 'LockedError', 'source_hash', 'code_record',
-           'imported_modules', 'machine_record', 'machine_of']
+__all__ = ['LOCK_NAME', 'NO_MACHINE', 'WriteError', 'fsync', 'atomic_writer', 'write_atomic', 'read_json_lines', 'pid_alive',
+           'sweep_stale_tmp', 'LockedError', 'dir_lock', 'file_sha256', 'file_content_sha', 'source_hash',
+           'code_record', 'imported_modules', 'machine_record', 'machine_of']
 
 # %% ../../nbs/00a_files.ipynb #af08cf86
 class WriteError(OSError):

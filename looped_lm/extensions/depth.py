@@ -5,7 +5,7 @@ cooldown that removes the constant-lr floor within each run, and a one-layer arm
 
 # %% ../../nbs/06d_depth.ipynb #5a7d519f
 from __future__ import annotations
-import hashlib, json, math, time
+import hashlib, json, math
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, pandas as pd
@@ -13,16 +13,15 @@ from ..core.config import ExperimentConfig, ConfigError, load_preset, named_choi
 from ..training.data import TokenData, prepare_data
 from ..training.text import SPLITS
 from ..training.train import resolve_device
-from ..core.files import dir_lock, write_atomic, machine_record
+from ..core.files import write_atomic, machine_record
 from ..training.train import lr_at
-from ..training.train import train, TrainingError
-from ..training.rundir import RunDirError, run_status
-from ..measure.diagnostics import diagnose, EVAL_TOKENS
+from ..measure.diagnostics import diagnose_trained, EVAL_TOKENS
 from ..measure.diagnostics import checkpoint_id, DIAG_VERSION
 from ..studies.variants import VARIANTS, Variant, check_seeds
 from ..studies.runner import check_device, check_workers, check_spawn_guard, grid_dirs, job_data
 from ..studies.runner import check_lock_wait, run_plan_jobs, study_lock
-from .horizon import keep_checkpoint, load_kept, read_records, put_record, cached_record
+from .grid import advance_kept, kept_dir, kept_records, load_kept, publish_records, read_records
+from .grid import record_once
 
 # %% auto #0
 __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'KHOP_SPLITS', 'DEPTH_GRIDS', 'DEPTH_VERSION', 'RECORDS', 'RULES',
@@ -31,7 +30,7 @@ __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'KHOP_SPLITS', 'DEP
            'DepthPlan', 'task_settings', 'depth_base', 'check_depth', 'depth_key', 'measure_kept', 'advance_depth',
            'depth_row', 'arm_runs', 'rule_r1', 'official_claims', 'spearman', 'rule_r3', 'rule_r4', 'rule_r6',
            'rule_r0', 'depth_rules', 'rules_markdown', 'depth_table', 'read_depth_records', 'write_depth',
-           'rebuild_depth', 'plan_records', 'publish_records', 'run_depth', 'study_rows']
+           'rebuild_depth', 'plan_records', 'run_depth', 'study_rows']
 
 # %% ../../nbs/06d_depth.ipynb #a2e5e010
 def dose_variant(lam: float) -> Variant:
@@ -195,7 +194,7 @@ def _count(v, what: str = 'steps', unit: str = 'optimiser steps') -> int:
         raise ConfigError(f"{what} = {v!r}: give a positive integer number of {unit}.")
     return v
 
-
+# %% ../../nbs/06d_depth.ipynb #65b9abca
 def depth_base(spec: DepthGrid, device: str = 'auto', steps: int = None) -> ExperimentConfig:
     """The grid's preset, `steps` (default: the grid's) optimiser steps long (its own checkpoint cadence kept), on
     schedule `wsd` or, for a `'preset'` grid, on the preset's own schedule over that budget."""
@@ -279,62 +278,32 @@ def measure_kept(
     job: DepthJob, step: int, data, device='cpu', max_batches: int = None, eval_tokens: int = EVAL_TOKENS
 ) -> dict:
     "The record of step `step` of a run: cached in its `depth.jsonl` under its key, else diagnosed and added."
-    ck, cfg = job.keep_dir / f'ckpt-{step:06d}', job.cfg
-    key, path = depth_key(ck, cfg, data, max_batches, eval_tokens), job.keep_dir / RECORDS
-    if (r := cached_record(path, key)) is not None:
-        return r
-    t0, model = time.time(), load_kept(ck, cfg, device)
-    bs = max(cfg.batch_size, eval_tokens // cfg.seq_len)  # by default the windows of diagnose_run, as the main job's
-    diag = diagnose(
-        model,
-        data,
-        bs,
-        cfg.seq_len,
-        max_batches=max_batches,
-        device=device,
-        loss=cfg.loss,
-        norm_penalty=cfg.norm_penalty,
-        ce_chunk=cfg.ce_chunk,
-    )
-    rec = dict(
-        key,
-        run=job.run_dir.name,
-        arm=job.arm,
-        n_layers=cfg.n_layers,
-        variant=job.variant,
-        seed=job.seed,
-        step=step,
-        penalty=cfg.norm_penalty,
-        lr_last=lr_at(step - 1, cfg),
-        diag=json.loads(json.dumps(diag)),
-        seconds=time.time() - t0,
-        machine=machine_record(device, cfg.dtype),
-    )
-    put_record(path, rec)
-    return rec
+    ck, cfg = kept_dir(job, step), job.cfg
+
+    def fields():
+        diag = diagnose_trained(load_kept(ck, cfg, device), cfg, data, device, max_batches, eval_tokens)
+        return dict(
+            run=job.run_dir.name,
+            arm=job.arm,
+            n_layers=cfg.n_layers,
+            variant=job.variant,
+            seed=job.seed,
+            step=step,
+            penalty=cfg.norm_penalty,
+            lr_last=lr_at(step - 1, cfg),
+            diag=json.loads(json.dumps(diag)),
+            machine=machine_record(device, cfg.dtype),
+        )
+
+    return record_once(job.keep_dir / RECORDS, depth_key(ck, cfg, data, max_batches, eval_tokens), fields)
 
 # %% ../../nbs/06d_depth.ipynb #fcf1a278
 def advance_depth(
     job: DepthJob, data, device='cpu', max_batches: int = None, progress: bool = False, eval_tokens: int = EVAL_TOKENS
 ) -> str:
-    "Train the run to each measured step, keep and measure each checkpoint; the run's final state."
-    job.keep_dir.mkdir(parents=True, exist_ok=True)
-    with dir_lock(job.keep_dir, 'depth run'):
-        for s in job.steps:
-            if not (job.keep_dir / f'ckpt-{s:06d}' / 'model.safetensors').is_file():
-                if run_status(job.run_dir).get('step', 0) > s:
-                    raise RunDirError(
-                        f"{job.run_dir} went past step {s} without keeping it; delete {job.run_dir} "
-                        f"and {job.keep_dir} to train that run again."
-                    )
-                try:
-                    train(job.cfg, job.run_dir, data=data, max_steps=s, progress=progress, label=job.label)
-                except TrainingError as e:
-                    print(f"{job.label}: FAILED: {e}", flush=True)
-                    return 'failed'
-                keep_checkpoint(job, s)
-            measure_kept(job, s, data, device, max_batches, eval_tokens)
-    return run_status(job.run_dir).get('state', 'missing')
+    "Train the run to each measured step, keep and measure each checkpoint (a step passed without a copy: an error)."
+    measure = lambda s: measure_kept(job, s, data, device, max_batches, eval_tokens)  # noqa: E731
+    return advance_kept(job, data, measure, strict=True, progress=progress)
 
 
 def _depth_one(job: dict) -> str:
@@ -711,27 +680,8 @@ def rebuild_depth(folder, reference=None, horizon=None) -> dict:
 # %% ../../nbs/06d_depth.ipynb #1b5ca94e
 def plan_records(plan: DepthPlan, data) -> list:
     "Every current record of the plan (the record whose key matches the kept checkpoint on disk), run by run."
-    out = []
-    for j in plan.jobs:
-        for s in j.steps:
-            ck = j.keep_dir / f'ckpt-{s:06d}'
-            if (ck / 'model.safetensors').is_file():
-                key = depth_key(ck, j.cfg, data, plan.spec.max_batches, plan.spec.eval_tokens)
-                if (r := cached_record(j.keep_dir / RECORDS, key)) is not None:
-                    out.append(r)
-    return out
-
-
-def publish_records(plan: DepthPlan, records: list):
-    "One `records/<run>.jsonl` per run of the plan holding its current records; a run without any has no file."
-    folder = plan.fig_dir / 'records'
-    folder.mkdir(parents=True, exist_ok=True)
-    for j in plan.jobs:
-        mine, path = [r for r in records if r['run'] == j.run_dir.name], folder / f'{j.run_dir.name}.jsonl'
-        if mine:
-            write_atomic(path, ''.join(json.dumps(r) + '\n' for r in sorted(mine, key=lambda r: r['step'])))
-        elif path.exists():
-            path.unlink()
+    measured = (plan.spec.max_batches, plan.spec.eval_tokens)
+    return kept_records(plan.jobs, RECORDS, lambda j, ck: depth_key(ck, j.cfg, data, *measured))
 
 # %% ../../nbs/06d_depth.ipynb #56511372
 def run_depth(
@@ -764,7 +714,7 @@ def run_depth(
     run_plan_jobs(plan, mod._depth_one, data, data_dir, lock_wait, progress, **measured, **made)
     with study_lock(plan.out_dir):
         records = plan_records(plan, data)
-        publish_records(plan, records)
+        publish_records(plan.jobs, records, plan.fig_dir)
         if records:
             (rebuild or rebuild_depth)(plan.fig_dir)
     return records

@@ -11,7 +11,8 @@ import numpy as np, pandas as pd
 from ..core.config import short_number
 
 # %% auto #0
-__all__ = ['PAPER_TOKENS', 'PAPER_DRIFT', 't_quantile', 'local_slopes', 'fit_growth', 't_interval', 'fit_holdout']
+__all__ = ['PAPER_TOKENS', 'PAPER_DRIFT', 't_quantile', 'local_slopes', 'fit_growth', 't_interval', 'fit_holdout', 'growth_row',
+           'fit_sentence', 'carry_sentence']
 
 # %% ../../nbs/06_growth.ipynb #cbd305e5
 PAPER_TOKENS = 1_638_400_000  # the official 4 epochs of WikiText-103 (settings.ini, paper-exact-44m)

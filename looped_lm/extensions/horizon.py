@@ -18,7 +18,7 @@ import torch
 from dataclasses import dataclass, field
 from pathlib import Path
 from ..core.config import ExperimentConfig, ConfigError, load_preset, named_choice
-from ..training.train import lr_at, resolve_device, train, TrainingError
+from ..training.train import lr_at, resolve_device, train
 from ..studies.variants import GROUPS, check_variants, check_seeds
 from looped_lm.studies.runner import (
     check_device,
@@ -30,23 +30,21 @@ from looped_lm.studies.runner import (
     run_plan_jobs,
     study_lock,
 )
-from safetensors.torch import load_model
 from ..training.data import prepare_data
-from ..core.files import write_atomic, dir_lock, read_json_lines
-from ..model.looped import LoopedLM, LoopedLMConfig
-from ..training.rundir import RunDirError, run_status, latest_checkpoint, verify_checkpoint
+from ..core.files import write_atomic
 from ..measure.halting import loop_scores, adaptive_halting
-from ..measure.diagnostics import norm_stats, clamp_modes, checkpoint_id, matches_key, DIAG_VERSION
-from ..measure.radial import radial_fractions
+from ..measure.diagnostics import norm_stats, clamp_modes, checkpoint_id, DIAG_VERSION
+from ..measure.radial import radial_fractions_as_trained
 from ..measure.protocol import as_spec
 from ..studies.tables import to_markdown
 from ..studies.claims import HALT_POLICY, measures
 from .scaling import add_c6, train_flops
+from .grid import advance_kept, keep_checkpoint, kept_dir, kept_records, load_kept, record_once
 
 # %% auto #0
 __all__ = ['PAPER_LR', 'PAPER_BATCH_TOKENS', 'PAPER_STEPS', 'PAPER_WIDTH', 'CLOCKS', 'PAPER_CLOCK', 'PAPER_DRIFT_RMS',
            'HORIZON_GRIDS', 'collapse_test', 'dose_response', 'drift_law', 'clock_of', 'HorizonGrid', 'HorizonPlan',
-           'check_horizon', 'read_records', 'horizon_table', 'Horizon', 'analyse', 'run_horizon']
+           'check_horizon', 'horizon_table', 'Horizon', 'analyse', 'run_horizon']
 
 # %% ../../nbs/06c_horizon.ipynb #2b9b5d3c
 PAPER_LR = 3e-4  # the official constant learning rate (44M and 129M)
@@ -187,7 +185,7 @@ def _dose_verdict(lo: float, hi: float, predicted) -> str:
         return 'rises with s'
     return 'undecided: 0 and our -1 both inside' if predicted is not None and lo <= predicted else 'no trend'
 
-
+# %% ../../nbs/06c_horizon.ipynb #15e31492
 def _lr_row(name: str, lr: float, fits: list, points: int, predicted) -> dict:
     "One consequence at one lr: the per-run slopes' mean, spread and 95% t interval over runs, and the verdict."
     fits = [f for f in fits if f is not None]
@@ -459,13 +457,6 @@ def horizon_key(ckpt_dir, cfg: ExperimentConfig, data, tokens: int, radial_token
     )
 
 # %% ../../nbs/06c_horizon.ipynb #6724dbdd
-def load_kept(ckpt_dir, cfg: ExperimentConfig, device='cpu') -> LoopedLM:
-    "The model `cfg` describes with the weights of a kept checkpoint folder, in eval mode."
-    model = LoopedLM(LoopedLMConfig.from_experiment(cfg)).to(device)
-    load_model(model, str(Path(ckpt_dir) / 'model.safetensors'), device=str(device))
-    return model.eval()
-
-
 def measure_checkpoint(ckpt_dir, cfg: ExperimentConfig, data, tokens: int, radial_tokens: int, device='cpu') -> dict:
     "Norms, exits, radial fractions, clamps and halting of one kept checkpoint: a `diagnose`-shaped dict."
     model, ids = load_kept(ckpt_dir, cfg, device), _validation(data)[: tokens + 1]
@@ -473,15 +464,7 @@ def measure_checkpoint(ckpt_dir, cfg: ExperimentConfig, data, tokens: int, radia
     plain = loop_scores(spec, ids, ce_chunk=cfg.ce_chunk, **kw)
     ce, scores, norms, d = plain.ce, plain.scores, plain.norms, plain.width  # a stream: every position measured
     clamp = clamp_modes(spec, ids, ce_chunk=cfg.ce_chunk, plain=plain, **kw)
-    radial = radial_fractions(
-        model,
-        ids[: radial_tokens + 1],
-        max_batches=None,
-        loss=cfg.loss,
-        norm_penalty=cfg.norm_penalty,
-        ce_chunk=cfg.ce_chunk,
-        **kw,
-    )
+    radial = radial_fractions_as_trained(model, ids[: radial_tokens + 1], cfg, device)
     policy, granularity = HALT_POLICY
     return dict(
         width=d,
@@ -492,78 +475,26 @@ def measure_checkpoint(ckpt_dir, cfg: ExperimentConfig, data, tokens: int, radia
         halting=adaptive_halting(ce, scores, policies=(policy,), granularities=(granularity,)),
     )
 
-# %% ../../nbs/06c_horizon.ipynb #90b5bd79
-def read_records(path) -> list:
-    "The records of a run's `horizon.jsonl` (a missing file: none; a damaged line or one without a step is skipped)."
-    return [r for r in read_json_lines(path) if isinstance(r.get('step'), int)]
-
-# %% ../../nbs/06c_horizon.ipynb #f281ed17
-def put_record(path, rec: dict):
-    "Add `rec` to the run's records, replacing any record of its step; the file is rewritten atomically."
-    recs = sorted([r for r in read_records(path) if r['step'] != rec['step']] + [rec], key=lambda r: r['step'])
-    write_atomic(path, ''.join(json.dumps(r) + '\n' for r in recs))
-
-
-def cached_record(path, key: dict) -> dict | None:
-    "The run's record written for `key` (checkpoint, versions, slice, data), or None."
-    return next((r for r in read_records(path) if matches_key(r, key)), None)
-
 # %% ../../nbs/06c_horizon.ipynb #b234dcb7
-def keep_checkpoint(job: HorizonJob, step: int) -> Path:
-    "Copy the weights of the run's newest checkpoint, which must be step `step`, to `keep_dir/ckpt-<step>/`."
-    ck = latest_checkpoint(job.run_dir)
-    if ck is None or ck.name != f'ckpt-{step:06d}':
-        raise RunDirError(
-            f"{job.run_dir}: expected its newest checkpoint at step {step}, found {ck}; "
-            f"delete {job.run_dir} and {job.keep_dir} to train that run again."
-        )
-    verify_checkpoint(ck)  # its content hashes: a damaged checkpoint is never kept
-    dst = job.keep_dir / ck.name
-    dst.mkdir(parents=True, exist_ok=True)
-    write_atomic(dst / 'model.safetensors', (ck / 'model.safetensors').read_bytes())
-    return dst
-
-
 def measure_step(job: HorizonJob, step: int, data, tokens: int, radial_tokens: int, device='cpu') -> dict:
     "The record of step `step` of a run: cached in its `horizon.jsonl` under its key, else measured and added."
-    ck = job.keep_dir / f'ckpt-{step:06d}'
-    key, path = horizon_key(ck, job.cfg, data, tokens, radial_tokens), job.keep_dir / RECORDS
-    if (r := cached_record(path, key)) is not None:
-        return r
-    t0 = time.time()
-    diag = measure_checkpoint(ck, job.cfg, data, tokens, radial_tokens, device)
-    rec = dict(
-        key,
-        run=job.run_dir.name,
-        lr=job.lr,
-        variant=job.variant,
-        seed=job.seed,
-        step=step,
-        clock=clock_of(job.cfg, step),
-        diag=diag,
-        seconds=time.time() - t0,
+    ck = kept_dir(job, step)
+    fields = dict(run=job.run_dir.name, lr=job.lr, variant=job.variant, seed=job.seed, step=step)
+    return record_once(
+        job.keep_dir / RECORDS,
+        horizon_key(ck, job.cfg, data, tokens, radial_tokens),
+        lambda: dict(
+            fields,
+            clock=clock_of(job.cfg, step),
+            diag=measure_checkpoint(ck, job.cfg, data, tokens, radial_tokens, device),
+        ),
     )
-    put_record(path, rec)
-    return rec
 
 # %% ../../nbs/06c_horizon.ipynb #b77cb245
 def advance(job: HorizonJob, data, tokens: int, radial_tokens: int, device='cpu', progress: bool = False) -> str:
-    "Train the run segment by segment to each checkpoint step, keep and measure each; the run's final state."
-    job.keep_dir.mkdir(parents=True, exist_ok=True)
-    with dir_lock(job.keep_dir, 'horizon run'):
-        for s in job.steps:
-            if not (job.keep_dir / f'ckpt-{s:06d}' / 'model.safetensors').is_file():
-                if run_status(job.run_dir).get('step', 0) > s:
-                    print(f"{job.label}: step {s} was passed without a kept checkpoint: not measured", flush=True)
-                    continue
-                try:
-                    train(job.cfg, job.run_dir, data=data, max_steps=s, progress=progress, label=job.label)
-                except TrainingError as e:
-                    print(f"{job.label}: FAILED: {e}", flush=True)
-                    return 'failed'
-                keep_checkpoint(job, s)
-            measure_step(job, s, data, tokens, radial_tokens, device)
-    return run_status(job.run_dir).get('state', 'missing')
+    "Train the run to each checkpoint step, keep and measure each (a step passed without a copy: skipped); its state."
+    measure = lambda s: measure_step(job, s, data, tokens, radial_tokens, device)  # noqa: E731
+    return advance_kept(job, data, measure, strict=False, progress=progress)
 
 
 def _horizon_one(job: dict) -> str:
@@ -576,15 +507,8 @@ def _horizon_one(job: dict) -> str:
 # %% ../../nbs/06c_horizon.ipynb #3f4af2cd
 def plan_records(plan: HorizonPlan, data) -> list:
     "Every current record of the plan (the record whose key matches the kept checkpoint on disk), run by run."
-    out = []
-    for j in plan.jobs:
-        for s in j.steps:
-            ck = j.keep_dir / f'ckpt-{s:06d}'
-            if (ck / 'model.safetensors').is_file():
-                key = horizon_key(ck, j.cfg, data, plan.spec.measure_tokens, plan.spec.radial_tokens)
-                if (r := cached_record(j.keep_dir / RECORDS, key)) is not None:
-                    out.append(r)
-    return out
+    tokens = (plan.spec.measure_tokens, plan.spec.radial_tokens)
+    return kept_records(plan.jobs, RECORDS, lambda j, ck: horizon_key(ck, j.cfg, data, *tokens))
 
 
 def record_row(rec: dict) -> dict:

@@ -28,7 +28,7 @@ from looped_lm.measure.diagnostics import (
     checkpoint_id,
     matches_key,
 )
-from ..measure.radial import radial_fractions
+from ..measure.radial import radial_fractions_as_trained
 from ..measure.protocol import as_spec
 from ..core.config import named_choice, short_number
 from ..training.data import prepare_data
@@ -46,9 +46,9 @@ from ..studies.figures import STYLE, palette, save, check_fig_dir
 from .growth import PAPER_DRIFT, PAPER_TOKENS
 
 # %% auto #0
-__all__ = ['AXES', 'GRIDS', 'MD_COLUMNS', 'Grid', 'estimate_seconds', 'ScalingPlan', 'measure_run', 'check_scaling',
-           'growth_table', 'reading', 'Scaling', 'run_scaling', 'published_table', 'fig_scaling_drift',
-           'fig_scaling_axes', 'draw_scaling']
+__all__ = ['AXES', 'GRIDS', 'REFERENCE', 'MD_COLUMNS', 'Grid', 'train_flops', 'estimate_seconds', 'ScalingPlan', 'measure_run',
+           'check_scaling', 'add_c6', 'scaling_table', 'growth_table', 'reading', 'Scaling', 'run_scaling',
+           'published_table', 'fig_scaling_drift', 'fig_scaling_axes', 'draw_scaling']
 
 # %% ../../nbs/06a_scaling.ipynb #9e3cef37
 CONTROLS = ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty')  # its scale-controlled counterparts
@@ -325,15 +325,7 @@ def measure_run(run_dir, data, tokens: int = 16384, radial_tokens: int = 4096, d
         key,
         exits=eval_exits(spec, ids, ce_chunk=cfg.ce_chunk, **kw),
         norms=[dict(k=k, **norm_stats(n)) for k, n in enumerate(norms, 1)],
-        radial=radial_fractions(
-            model,
-            ids[: radial_tokens + 1],
-            max_batches=None,
-            loss=cfg.loss,
-            norm_penalty=cfg.norm_penalty,
-            ce_chunk=cfg.ce_chunk,
-            **kw,
-        ),
+        radial=radial_fractions_as_trained(model, ids[: radial_tokens + 1], cfg, device),
     )
     m['seconds'] = time.time() - t0
     write_atomic(run_dir / 'scaling.json', json.dumps(m))

@@ -282,7 +282,7 @@ def _regex_fast(tok):
     t.decoder = decoders.Fuse()
     return t
 
-
+# %% ../../nbs/07a_transformers.ipynb #387d232d
 def fast_tokenizer(tok, max_length: int = None) -> PreTrainedTokenizerFast:
     "The `PreTrainedTokenizerFast` of a BPE `tokenizers.Tokenizer` (BOS = EOS = EOT) or of a `RegexTokenizer`."
     if isinstance(tok, PreTrainedTokenizerFast):

@@ -41,8 +41,10 @@ from .radial import radial_fractions, angular_updates
 from ..training.rundir import load_run
 
 # %% auto #0
-__all__ = ['HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'EVAL_CE_CHUNK', 'DiagnosticReport', 'report_key', 'current_report', 'read_run',
-           'eval_exits', 'hill_estimator', 'token_norms', 'norm_stats', 'clamp_modes', 'diagnose', 'diagnose_run']
+__all__ = ['DIAG_VERSION', 'MEASURING_CODE', 'HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'EVAL_CE_CHUNK', 'radial_scale_of',
+           'DiagnosticReport', 'matches_key', 'cached_report', 'checkpoint_id', 'report_key', 'current_report',
+           'read_run', 'eval_exits', 'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'clamp_modes',
+           'diagnose', 'diagnose_trained', 'diagnose_run']
 
 # %% ../../nbs/03c_diagnostics.ipynb #91c3f3a7
 DIAG_VERSION = 5  # the report's layout (what records and tables read); its content is keyed by the code below
@@ -157,7 +159,7 @@ def matches_key(rec, key: dict) -> bool:
     return isinstance(rec, dict) and key is not None and all(rec.get(k) == v for k, v in key.items())
 
 
-_RECOMPUTE = object()  # what `_cached` reads of a missing or damaged report: compute it (again)
+_RECOMPUTE = object()  # what `cached_report` reads of a missing or damaged report: compute it (again)
 
 
 def _damaged_report(p: Path, e: Exception):
@@ -166,7 +168,7 @@ def _damaged_report(p: Path, e: Exception):
     return _RECOMPUTE
 
 
-def _cached(p: Path, key: dict):
+def cached_report(p: Path, key: dict):
     """The report cached in `p` if it was written for `key` (version, checkpoint, batches); a damaged file is
     recomputed with a warning."""
     if (rep := read_json(p, _RECOMPUTE, damaged=_damaged_report)) is _RECOMPUTE:
@@ -447,7 +449,7 @@ def scale_sensitivity(
         n += n_scored(y)
     return [dict(alpha=float(a), ce=t / n, ppl=math.exp(t / n)) for a, t in zip(alphas, tot.tolist())]
 
-
+# %% ../../nbs/03c_diagnostics.ipynb #99e8a818
 @torch.no_grad()
 def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=5, device='cpu') -> list:
     """Lemma 2 beyond the training depth, per transition k -> k+1 of a `loops`-loop run: s_k, a_k, mean ||du|| and
@@ -591,6 +593,27 @@ EVAL_TOKENS = 8192  # tokens per evaluation batch of `diagnose_run` (at least th
 EVAL_CE_CHUNK = 1024
 
 
+def diagnose_trained(
+    model, cfg, data, device='cpu', max_batches: int = None, eval_tokens: int = EVAL_TOKENS, ce_chunk: int = None, **kw
+) -> DiagnosticReport:
+    """`diagnose` of a model under the objective its run's `cfg` trained it with (loss, norm penalty, readout chunk or
+    `ce_chunk`), on windows of the run's `seq_len`, `eval_tokens` a batch (at least the run's own batch)."""
+    bs = max(cfg.batch_size, eval_tokens // cfg.seq_len)  # far fewer Python round trips than the training batch
+    chunk = cfg.ce_chunk if ce_chunk is None else ce_chunk
+    return diagnose(
+        model,
+        data,
+        bs,
+        cfg.seq_len,
+        max_batches=max_batches,
+        device=device,
+        loss=cfg.loss,
+        norm_penalty=cfg.norm_penalty,
+        ce_chunk=chunk,
+        **kw,
+    )
+
+# %% ../../nbs/03c_diagnostics.ipynb #dia0run1
 def _report_file(run_dir: Path, options: dict) -> Path:
     "`diagnostics.json` for the default measurement (what tables read); `diagnostics-<hash>.json` for other `options`."
     if not options:
@@ -613,24 +636,10 @@ def diagnose_run(run_dir, data, device='cpu', max_batches: int = None, **kw) -> 
     key = dict(report_key(ckpt), max_batches=max_batches, **({} if data is None else dict(data=data.fingerprint)))
     key.update(dict(options=options) if options else {})
     p = _report_file(run_dir, options)
-    if (rep := _cached(p, key)) is not None:
+    if (rep := cached_report(p, key)) is not None:
         return rep
     cfg, model = load_run(run_dir, device)
-    bs = max(
-        cfg.batch_size, EVAL_TOKENS // cfg.seq_len
-    )  # same windows as the training batch size, far fewer Python round trips
-    rep = diagnose(
-        model,
-        data,
-        bs,
-        cfg.seq_len,
-        max_batches=max_batches,
-        device=device,
-        loss=cfg.loss,
-        norm_penalty=cfg.norm_penalty,
-        ce_chunk=cfg.ce_chunk or EVAL_CE_CHUNK,
-        **kw,
-    )
+    rep = diagnose_trained(model, cfg, data, device, max_batches, ce_chunk=cfg.ce_chunk or EVAL_CE_CHUNK, **kw)
     rep.update(key, machine=dict(trained=checkpoint_machine(ckpt), measured=machine_record(device, cfg.dtype)))
     write_atomic(p, json.dumps(rep))
     return rep

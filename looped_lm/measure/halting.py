@@ -64,7 +64,7 @@ class LoopScores(NamedTuple):
     scored: np.ndarray
     measured: np.ndarray
 
-
+# %% ../../nbs/03a_halting.ipynb #3195890f
 @torch.no_grad()
 def loop_scores(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu', ce_chunk=0) -> LoopScores:
     """One unclamped pass over the windows of `tokens` (a stream or `PaddedTokens`): halting, norms and the `none`

@@ -15,7 +15,10 @@ from ..training.data import eval_batches
 import dataclasses
 
 # %% auto #0
-__all__ = ['CLAMPS', 'IGNORE_INDEX', 'LoopSpecError', 'LoopSpec', 'model_device', 'from_looped_lm', 'run_loops', 'PaddedTokens']
+__all__ = ['CLAMPS', 'IGNORE_INDEX', 'LoopSpecError', 'LoopSpec', 'model_device', 'from_looped_lm', 'KeyedContext', 'keyed_spec',
+           'as_spec', 'clamp_state', 'token_tensor', 'spec_memo', 'clamp_refusal', 'call_user', 'run_loops',
+           'slice_context', 'PaddedTokens', 'token_windows', 'readout_norm_at', 'readout_pieces', 'token_ce',
+           'n_scored', 'measured_positions']
 
 # %% ../../nbs/03_protocol.ipynb #9a4b592c
 class LoopSpecError(ValueError):
@@ -63,7 +66,7 @@ def model_device(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device('cpu')
 
-
+# %% ../../nbs/03_protocol.ipynb #eadf849a
 def from_looped_lm(model: LoopedLM) -> LoopSpec:
     "The `LoopSpec` of one of our `LoopedLM`s: state = the residual stream after loop k, before the readout norm."
     c = model.config
@@ -151,7 +154,7 @@ def _rows_of_state(state, batch: int, rows):
         return type(state)(*vals) if hasattr(state, '_fields') else type(state)(vals)
     return state
 
-
+# %% ../../nbs/03_protocol.ipynb #89917f86
 def _keyed(u: LoopSpec) -> LoopSpec:
     """The plain spec of `u`, whose state is several tensors: H_k = state[state_key]; each loop's whole state rides in
     the context, and step and readout get it back with H_k (perhaps scaled or clamped) in its place."""
@@ -333,7 +336,7 @@ def _probe_contexts(spec, seq_len: int, device, n_leaves: int = None) -> tuple:
             runs.append(_leaves(ctx))
     return tuple(runs)
 
-
+# %% ../../nbs/03_protocol.ipynb #580ea400
 def context_layout(spec, seq_len: int, device='cpu', n_leaves: int = None) -> list:
     """Per context tensor (in `_leaves` order): True if it has one row per sequence, else shared; probed once per spec
     (and per number of tensors, for a context the loop grows) on contexts of `seq_len` tokens."""

@@ -18,7 +18,7 @@ from .spec_checks import IGNORED_STATE, checked_spec, guarded_spec
 from ..training.train import norm_penalty as penalty
 
 # %% auto #0
-__all__ = ['radial_fractions', 'angular_updates', 'unaligned_cos']
+__all__ = ['radial_fractions', 'radial_fractions_as_trained', 'angular_updates', 'unaligned_cos']
 
 # %% ../../nbs/03b_radial.ipynb #c5a860d8
 @contextmanager
@@ -192,6 +192,13 @@ def radial_fractions(
                 _radial_loop(spec, k, h, ce, o, g_obj[k], acc[k], lem[k], at)
             del hidden, ces, outs
     return [_radial_row(k + 1, acc[k], lem[k], through_loops, dtypes) for k in range(K)]
+
+# %% ../../nbs/03b_radial.ipynb #rad0trn1
+def radial_fractions_as_trained(model, tokens, cfg, device='cpu') -> list:
+    "`radial_fractions` on every window of `tokens` under the objective a run's `cfg` trained the model with."
+    return radial_fractions(
+        model, tokens, cfg.batch_size, cfg.seq_len, None, device, cfg.loss, cfg.norm_penalty, cfg.ce_chunk
+    )
 
 # %% ../../nbs/03b_radial.ipynb #016fab2c
 def _b_perp(prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from .protocol import call_user, measured_positions, readout_norm_at, run_loops,
 from .protocol import spec_memo, token_tensor, token_windows
 
 # %% auto #0
-__all__ = ['padding_rel_diff', 'check_spec']
+__all__ = ['IGNORED_STATE', 'padding_rel_diff', 'check_spec', 'checked_spec', 'guarded_spec']
 
 # %% ../../nbs/03_spec_checks.ipynb #0d2f29b2
 def _ce64(logits, y):
@@ -212,7 +212,7 @@ def _padding_error(spec, row: int, k: int, d: float, tol: float, before: bool) -
         f"real tokens run alone, unpadded (relative difference {d:.2g} > {tol:.2g}): the model reads its padding. {why}"
     )
 
-
+# %% ../../nbs/03_spec_checks.ipynb #162cc912
 def padding_rel_diff(spec, tokens: PaddedTokens, device='cpu') -> float:
     """The largest relative difference, over the guard's rows (`_guard_rows`) and every exit, between a row's logits
     at its scored tokens in the padded batch and those of its real tokens run alone; refused above the tolerance.
@@ -258,7 +258,7 @@ def _check_exits(spec, x, hs, ctx, res):
             "model's exit (a halting-weighted sum, a final norm, a scale); describe the exit as the model computes it."
         )
 
-
+# %% ../../nbs/03_spec_checks.ipynb #47908a23
 def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
     "Run `spec` on `tokens` and raise `LoopSpecError` for the silent mistakes; return what was measured (see above)."
     spec = as_spec(spec)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['radial_fraction', 'radial_exact']
+__all__ = ['radial_fraction', 'radial_tangential', 'angle_between', 'loglog_slope', 'radial_exact']
 
 # %% ../../nbs/01a_lemmas.ipynb #6cbdb51e
 def _compute_dtype(*xs) -> torch.dtype:

@@ -97,7 +97,7 @@ def run_dir_of(out_dir, variant: str, seed: int) -> Path:
     return Path(out_dir) / 'runs' / f"{variant}-seed{seed}"
 
 
-def _run_one(job: dict) -> str:
+def train_and_diagnose(job: dict) -> str:
     "Train (if needed) and diagnose one (variant, seed); in this process or in a worker. Returns its final state."
     data, t0, head = job_data(job), time.time(), job.get('head', job['label'])
     device = job.get('device') or str(resolve_device(job['cfg']))  # None: a submitit job's own machine decides
@@ -149,7 +149,7 @@ def study_throughput(st: Study, device: str, data) -> list:
 
 # %% ../../nbs/04d_ablation.ipynb #b174d286
 def study_jobs(st: Study, data, data_dir, device: str, max_eval_batches, progress: bool) -> list:
-    """One job per (variant, seed) of the study, for `_run_one`: its config, run directory and token data (`data`
+    """One job per (variant, seed) of the study, for `train_and_diagnose`: its config, run folder and token data (`data`
     None: read from the token cache; `device` None: the job's machine decides)."""
     return [
         dict(
@@ -198,8 +198,8 @@ def check_study_executor(executor, plan_only: bool, gpus_per_job, timeout_min) -
 
 # %% ../../nbs/04d_ablation.ipynb #e3a1f0c5
 def _run_one_when_free(job: dict) -> str:
-    "`_run_one` as a submitted job: a run another process holds is waited for (`job['lock_wait']` s), then 'locked'."
-    return work_when_free(_run_one, job, job['lock_wait'])
+    "`train_and_diagnose` as a submitted job: a run another process holds is waited for (`job['lock_wait']` s)."
+    return work_when_free(train_and_diagnose, job, job['lock_wait'])
 
 
 def _run_as_jobs(st: Study, jobs: list, executor: str, data_dir, plan_only: bool, opts: dict, lock_wait: float = 0):
@@ -208,7 +208,7 @@ def _run_as_jobs(st: Study, jobs: list, executor: str, data_dir, plan_only: bool
     print(plan, flush=True)
     if plan_only:
         return plan
-    from looped_lm.studies import ablation as mod  # the exported `_run_one`: what a job can import
+    from looped_lm.studies import ablation as mod  # the exported `train_and_diagnose`: what a job can import
 
     prepared = prepare_once(jobs, data_dir=data_dir)  # every job, done ones too: re-diagnosed if outdated, else at once
     jobs = [dict(j, lock_wait=lock_wait) for j in jobs]
@@ -250,9 +250,9 @@ def _study_states(st: Study, jobs: list, outcomes, device, lock_wait: float) -> 
     "Each run's final state: its job's (`outcomes` of submitit jobs), else trained here by `run_jobs`."
     if outcomes is not None:
         return [o.state for o in outcomes]
-    from looped_lm.studies import ablation as mod  # the exported `_run_one`: what a spawned worker can import
+    from looped_lm.studies import ablation as mod  # the exported `train_and_diagnose`: what a spawned worker can import
 
-    return run_jobs(jobs, mod._run_one, st.workers, device, lock_wait)
+    return run_jobs(jobs, mod.train_and_diagnose, st.workers, device, lock_wait)
 
 
 def _publish_locked(st: Study, states: list, outcomes, device, data) -> list:
@@ -293,7 +293,7 @@ def run_ablation(
     st = check_params(preset, variants, seeds, out_dir, device, fig_dir, workers, on_jobs)
     return run_study(st, data_dir, progress, max_eval_batches, lock_wait, executor, plan_only, **opts)
 
-
+# %% ../../nbs/04d_ablation.ipynb #0c9aef74
 def run_study(
     st: Study,
     data_dir=None,

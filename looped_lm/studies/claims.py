@@ -23,8 +23,9 @@ from .tables import dig, md_cell, read_run_records, read_throughput, write_table
 from .runner import repo_root
 
 # %% auto #0
-__all__ = ['MARGINS', 'CLAIMS', 'CHECKS', 'REFERENCE', 'GATE', 'GATE_RUNS', 'GATE_FAILS', 'Claim', 'depth_gate',
-           'evaluate_claims', 'write_claims', 'rebuild']
+__all__ = ['MARGINS', 'HALT_POLICY', 'CLAMP_MODES', 'LEMMA_FIELDS', 'CLAIMS', 'CHECKS', 'REFERENCE', 'GATE', 'GATE_RUNS',
+           'GATE_FAILS', 'measures', 'Claim', 'depth_gate', 'evaluate_claims', 'claims_markdown', 'write_claims',
+           'rebuild']
 
 # %% ../../nbs/04c_claims.ipynb #41a37bd4
 MARGINS = dict(
@@ -503,7 +504,7 @@ def margins_at(strength: float) -> dict:
         halting=m['halting'] * f,
     )
 
-
+# %% ../../nbs/04c_claims.ipynb #2d36922f
 @contextmanager
 def _judged_with(margins: dict):
     "The claims judged with `margins` inside the block; `MARGINS` restored after it, whatever happens."
@@ -800,7 +801,7 @@ def _gate_markdown(gate: dict) -> list:
         '',
     ]
 
-
+# %% ../../nbs/04c_claims.ipynb #f9ae8a94
 def _claim_rows(what: str, claims: dict) -> list:
     "A table of claims (or checks): statement, numbers on seed-averaged measures [per-seed range], seeds, verdict."
     out = [f'| {what} | holds when | measured (seed-averaged measures [per-seed range]) | seeds | verdict |']

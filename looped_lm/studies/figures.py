@@ -24,8 +24,8 @@ from ..measure.diagnostics import radial_scale_of
 from .tables import endpoint_correlations
 
 # %% auto #0
-__all__ = ['FIGURES', 'ResultsError', 'Results', 'load_results', 'FigureSkipped', 'measured_throughput', 'FigureSet',
-           'make_figures']
+__all__ = ['STYLE', 'METADATA', 'FIGURES', 'ResultsError', 'variant_order', 'palette', 'Results', 'load_results', 'figure_bytes',
+           'check_fig_dir', 'save', 'FigureSkipped', 'measured_throughput', 'FigureSet', 'make_figures']
 
 # %% ../../nbs/04e_figures.ipynb #ec5b1246
 class ResultsError(RuntimeError):

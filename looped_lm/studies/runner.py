@@ -31,8 +31,10 @@ from ..training.text import SPLITS
 from ..training.rundir import run_status, RunDirError, latest_checkpoint
 
 # %% auto #0
-__all__ = ['WorkerError', 'run_jobs', 'run_plan_jobs', 'expected_speed', 'DataNotReady', 'JobOutcome', 'submit_jobs', 'CostPlan',
-           'cost_plan']
+__all__ = ['STUDY_LOCK_WAIT', 'EXECUTORS', 'repo_root', 'repo_relative', 'check_folder', 'default_workers', 'check_device',
+           'check_workers', 'grid_dirs', 'WorkerError', 'check_spawn_guard', 'job_data', 'check_lock_wait',
+           'study_lock', 'work_when_free', 'run_jobs', 'run_plan_jobs', 'expected_speed', 'data_key', 'cache_files',
+           'prepare_once', 'DataNotReady', 'check_executor', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
 
 # %% ../../nbs/04a_runner.ipynb #ae478dee
 def repo_root() -> Path:
@@ -77,7 +79,7 @@ def check_device(device: str) -> str:
         raise ConfigError(f"device must be one of {', '.join(map(repr, DEVICES))}, got {device!r}.")
     return device
 
-
+# %% ../../nbs/04a_runner.ipynb #a5e1a393
 def check_workers(workers, n_runs: int, device: str) -> int:
     """Worker processes for `n_runs` runs: a positive integer (papermill's `-p workers 2` gives the string '2'), or
     None for `default_workers`; never more than the runs."""
@@ -461,10 +463,12 @@ class StudyJob(submitit.helpers.Checkpointable):
 
 
 def check_fn(fn):
-    "`fn` if a job can import it (a module-level function, as `ablation._run_one`), else a `ConfigError`."
+    "`fn` if a job can import it (a module-level function, as `ablation.train_and_diagnose`), else a `ConfigError`."
     name = getattr(fn, '__qualname__', '<none>')
     if not callable(fn) or name.startswith('<') or '<locals>' in name:
-        raise ConfigError(f"fn must be a module-level function taking a job dict (e.g. ablation._run_one), not {fn!r}.")
+        raise ConfigError(
+            f"fn must be a module-level function taking a job dict (e.g. ablation.train_and_diagnose), not {fn!r}."
+        )
     return fn
 
 # %% ../../nbs/04a_runner.ipynb #1e5ebabb
@@ -541,7 +545,7 @@ def _again(sub, tries: list, i: int) -> bool:
     print(f"job {sub.job_id} ended before it could run (killed at its start): submitted again ({tries[i]}/{RESTARTS})")
     return True
 
-
+# %% ../../nbs/04a_runner.ipynb #6ae34a6b
 def _run_local(ex, calls: list, max_parallel: int, gpus_per_job: int, report, poll_s: float) -> list:
     "Submit `calls` to a local executor, at most `max_parallel` at once, each on its own GPUs; wait for all."
     slots, todo, running, out = _gpu_slots(max_parallel, gpus_per_job), deque(enumerate(calls)), {}, [None] * len(calls)

@@ -17,8 +17,9 @@ from ..measure.diagnostics import radial_scale_of
 from .variants import VARIANTS
 
 # %% auto #0
-__all__ = ['TABLES', 'synthetic_study', 'MissingDiagnostic', 'table1', 'md_cell', 'to_markdown', 'build_tables',
-           'read_run_records', 'write_tables']
+__all__ = ['TABLES', 'synthetic_study', 'MissingDiagnostic', 'dig', 'table1', 'read_throughput', 'table_token_norms', 'endpoint',
+           'table_endpoint', 'endpoint_correlations', 'md_cell', 'to_markdown', 'build_tables', 'read_run_records',
+           'write_tables']
 
 # %% ../../nbs/04b_tables.ipynb #e5528108
 def _exits(ce: list) -> dict:

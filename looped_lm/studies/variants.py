@@ -11,7 +11,7 @@ import yaml
 from ..core.config import ExperimentConfig, ConfigError, check_seed_values
 
 # %% auto #0
-__all__ = ['VARIANTS', 'GROUPS', 'AT_RISK', 'Variant']
+__all__ = ['VARIANTS', 'GROUPS', 'AT_RISK', 'Variant', 'check_seeds', 'check_variants']
 
 # %% ../../nbs/04_variants.ipynb #f925d387
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ from looped_lm.training.text import (
 )
 
 # %% auto #0
-__all__ = ['bits_per_byte', 'word_perplexity', 'TokenData', 'prepare_data']
+__all__ = ['CACHE_VERSION', 'CACHE_ENV', 'bits_per_byte', 'word_perplexity', 'get_batch', 'eval_batches', 'window_starts',
+           'n_windows', 'window_batch', 'resolve_cache_dir', 'source_fingerprint', 'TokenData', 'prepare_data']
 
 # %% ../../nbs/02a_data.ipynb #24d7b58a
 def bits_per_byte(ce_sum: float, n_bytes: int) -> float:

@@ -26,9 +26,11 @@ from ..core.config import ConfigError
 from ..model.looped import LoopedLM, LoopedLMConfig
 
 # %% auto #0
-__all__ = ['CODE_OVERRIDE', 'RunDirError', 'read_json', 'run_status', 'read_metrics', 'record_mismatch', 'DamagedCheckpointError',
-           'verify_checkpoint', 'CheckpointWriteError', 'checkpoint_machine', 'latest_checkpoint', 'restore_config',
-           'check_code', 'check_identity', 'check_run_data', 'load_run']
+__all__ = ['RUN_FILES', 'CODE_OVERRIDE', 'RunDirError', 'read_json', 'run_status', 'set_status', 'expected_records',
+           'parse_metrics', 'read_metrics', 'record_mismatch', 'append_metrics', 'DamagedCheckpointError',
+           'verify_checkpoint', 'data_record', 'CheckpointWriteError', 'save_checkpoint', 'checkpoint_machine',
+           'latest_checkpoint', 'load_checkpoint', 'restore_config', 'check_writable', 'run_lock', 'check_code',
+           'check_identity', 'check_run_data', 'load_run']
 
 # %% ../../nbs/02b_rundir.ipynb #5593e09a
 class RunDirError(RuntimeError):
@@ -381,7 +383,7 @@ def restore_config(run_dir) -> dict:
 RUN_FILES = ('status.json', 'metrics.jsonl', 'data.json', 'code.json', 'latest')  # and `ckpt-*`: what a run leaves
 
 
-def _check_writable(run_dir: Path):
+def check_writable(run_dir: Path):
     "Create `run_dir` if needed and write a probe file there; a folder that cannot be written is a `RunDirError`."
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -402,7 +404,7 @@ def run_lock(run_dir: Path, rank: int):
         yield
         return
     new = next((p for p in [*reversed(run_dir.parents), run_dir] if not p.exists()), None)  # the top folder it creates
-    _check_writable(run_dir)
+    check_writable(run_dir)
     try:
         with dir_lock(run_dir, 'run'):
             yield
@@ -485,7 +487,7 @@ def check_code(run_dir: Path) -> dict:
     earlier = {k: made.get(k) for k in ('version', 'source', 'commit')}
     return dict(now, earlier=[*old.get('earlier', []), dict(earlier, until_step=step)])
 
-
+# %% ../../nbs/02b_rundir.ipynb #09377c94
 def check_identity(run_dir: Path, cfg: ExperimentConfig):
     "Refuse to train `cfg` in `run_dir` when the folder holds a run of another config."
     old = _config_of(run_dir)

@@ -10,7 +10,9 @@ from pathlib import Path
 from ..core.config import CORPORA
 
 # %% auto #0
-__all__ = ['EOT', 'DataNotFoundError', 'load_corpus', 'train_tokenizer', 'RegexTokenizer']
+__all__ = ['SPLITS', 'HUB_REPO', 'DATA_ENV', 'EOT', 'REGEX_PATTERN', 'REGEX_SPECIALS', 'REGEX_JOIN', 'DataNotFoundError',
+           'resolve_data_dir', 'local_files', 'load_corpus', 'iter_rows', 'with_article_starts', 'train_tokenizer',
+           'Encoding', 'regex_vocab', 'RegexTokenizer', 'decoded_byte_lengths', 'decoded_bytes']
 
 # %% ../../nbs/02_text.ipynb #366f78b6
 SPLITS = ('train', 'validation', 'test')

@@ -24,6 +24,12 @@ from pathlib import Path
 from ..model.looped import LoopedLM, LoopedLMConfig, train_flops_per_token
 from ..model.lemmas import radial_fraction
 from ..core.files import write_atomic, sweep_stale_tmp, LockedError, WriteError
+
+# %% auto #0
+__all__ = ['resolve_device', 'autocast', 'ddp_world', 'norm_penalty', 'training_objective', 'param_groups', 'make_optimizer',
+           'lr_at', 'TrainingError', 'evaluate', 'train', 'RunResult', 'train_cli']
+
+# %% ../../nbs/02c_train.ipynb #c5e8c36f
 from looped_lm.training.rundir import (
     RunDirError,
     CheckpointWriteError,
@@ -44,10 +50,6 @@ from looped_lm.training.rundir import (
     check_code,
 )
 from ..core.config import load_preset, list_presets, parse_values
-
-# %% auto #0
-__all__ = ['resolve_device', 'autocast', 'ddp_world', 'norm_penalty', 'training_objective', 'param_groups', 'make_optimizer',
-           'lr_at', 'TrainingError', 'evaluate', 'train', 'RunResult', 'train_cli']
 
 # %% ../../nbs/02c_train.ipynb #7eff13a6
 def resolve_device(cfg: ExperimentConfig) -> torch.device:
