@@ -23,7 +23,7 @@ def run_study(preset, variants, seeds, workers, out_dir) -> dict:
     from looped_lm.studies.tables import write_tables
 
     t = time.perf_counter()
-    records = run_ablation(preset, variants, seeds, out_dir, workers=workers, progress=False)
+    records = run_ablation(preset, variants, seeds, out_dir, workers=workers, progress=False).records
     dt = time.perf_counter() - t
     tables = write_tables(records, out_dir)
     return dict(seconds=dt, table1=tables['table1'].to_csv(), records=len(records))

@@ -232,16 +232,16 @@ def study_files(out_dir) -> dict:
 
 @pytest.mark.slow
 def test_the_study_through_local_jobs_equals_the_inprocess_study(tmp_path, smoke_data):
-    inproc = run_ablation('smoke', out_dir=tmp_path / 'inprocess', workers=1, **STUDY)
+    inproc = run_ablation('smoke', out_dir=tmp_path / 'inprocess', workers=1, **STUDY).records
     jobs = dict(executor='local', gpus_per_job=0, timeout_min=10)
-    local = run_ablation('smoke', out_dir=tmp_path / 'local', **jobs, **STUDY)
+    local = run_ablation('smoke', out_dir=tmp_path / 'local', **jobs, **STUDY).records
     assert [r['status'] for r in inproc] == [r['status'] for r in local] == ['done', 'done']
     a, b = study_files(tmp_path / 'inprocess'), study_files(tmp_path / 'local')
     assert len(a) >= 19 and {'table1.csv', 'table1.md', 'claims.json'} <= a.keys() and a.keys() == b.keys()
     assert [n for n in a if a[n] != b[n]] == []
     assert (study_dir(tmp_path / 'local') / 'jobs').is_dir()  # submitit's pickles and logs
     assert 'throughput' in (study_dir(tmp_path / 'local') / 'tables' / 'skipped.md').read_text()  # not measured
-    again = run_ablation('smoke', out_dir=tmp_path / 'local', **jobs, **STUDY)  # done runs return at once
+    again = run_ablation('smoke', out_dir=tmp_path / 'local', **jobs, **STUDY).records  # done runs return at once
     assert [r['status'] for r in again] == ['done', 'done'] and study_files(tmp_path / 'local') == b
 
 
@@ -251,7 +251,7 @@ def test_a_failed_job_is_a_failed_run_with_its_log(tmp_path, smoke_data):
     run_dir.parent.mkdir(parents=True)
     run_dir.write_text('a file where the run folder should be')
     kw = dict(STUDY, variants=['perloop-rmsnorm'])
-    (rec,) = run_ablation('smoke', out_dir=tmp_path, executor='local', gpus_per_job=0, timeout_min=10, **kw)
+    (rec,) = run_ablation('smoke', out_dir=tmp_path, executor='local', gpus_per_job=0, timeout_min=10, **kw).records
     assert rec['status'] == 'failed' and 'RunDirError' in rec['message'] and 'job log: ' in rec['message']
     assert Path(rec['message'].split('job log: ')[1].rstrip(')')).is_file()
     table1 = (study_dir(tmp_path, ['perloop-rmsnorm']) / 'tables' / 'table1.csv').read_text()
@@ -264,7 +264,7 @@ def test_plan_only_plans_the_paper_exact_study_without_a_gpu(tmp_path, capsys):
         mock.patch('torch.cuda.is_available', return_value=False),
         mock.patch.multiple(A, submit_jobs=spend, prepare_once=spend, prepare_data=spend, train=spend),
     ):
-        plan = run_ablation('paper-exact-44m', 'official', out_dir=tmp_path, executor='slurm', plan_only='True')
+        plan = run_ablation('paper-exact-44m', 'official', out_dir=tmp_path, executor='slurm', plan_only='True').plan
         with pytest.raises(ConfigError, match='no GPU is visible'):  # in process, the device is still checked
             run_ablation('paper-exact-44m', 'official', out_dir=tmp_path)
     assert len(plan.table) == len(plan.to_submit) == 21 and list(tmp_path.iterdir()) == []

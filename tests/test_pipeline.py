@@ -33,7 +33,7 @@ def study(tmp_path_factory, smoke_data):
     out = tmp_path_factory.mktemp('ablation')
     with pytest.MonkeyPatch.context() as mp:
         inject_nan(mp, step=2, loop=2, when=lambda m: m.config.readout == 'raw' and m.training)
-        recs = run_ablation('smoke', VARIANTS, out_dir=out, **KW)
+        recs = run_ablation('smoke', VARIANTS, out_dir=out, **KW).records
     return out, recs, check_params('smoke', VARIANTS, out_dir=out).study_dir
 
 
@@ -62,7 +62,9 @@ def test_rerun_retrains_and_reevaluates_nothing(study, monkeypatch):
 
     monkeypatch.setattr(looped_lm.training.train, 'get_batch', forbidden)  # no training step
     monkeypatch.setattr(looped_lm.measure.diagnostics, 'diagnose', forbidden)  # no diagnostic
-    again = run_ablation('smoke', VARIANTS, out_dir=out, **KW)  # (no NaN injection now: the failed run is not retried)
+    again = run_ablation(
+        'smoke', VARIANTS, out_dir=out, **KW
+    ).records  # (no NaN injection now: the failed run is not retried)
     assert again == recs
     after = snapshot(out)
     changed = sorted(k for k in after if after[k][1] != before.get(k, (0, None))[1])

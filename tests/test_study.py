@@ -110,8 +110,8 @@ def test_subsets_go_beside_the_main_study(tmp_path):
 @pytest.mark.slow
 def test_two_workers_give_the_same_tables(tmp_path, smoke_data):
     kw = dict(variants=['perloop-rmsnorm', 'perloop-raw'], seeds=[0], max_eval_batches=1, progress=False)
-    one = run_ablation('smoke', out_dir=tmp_path / 'one', workers=1, **kw)
-    two = run_ablation('smoke', out_dir=tmp_path / 'two', workers=2, **kw)
+    one = run_ablation('smoke', out_dir=tmp_path / 'one', workers=1, **kw).records
+    two = run_ablation('smoke', out_dir=tmp_path / 'two', workers=2, **kw).records
     sd = lambda o: o / f"study-{study_key(kw['variants'], [0])}"
     for t in ('table1', 'table2'):
         a, b = (sd(tmp_path / o) / 'tables' / f'{t}.csv' for o in ('one', 'two'))
@@ -206,7 +206,7 @@ def test_a_locked_run_is_trained_after_the_others(tmp_path, smoke_data, capsys):
     raw_done = run_dir_of(tmp_path, 'perloop-raw', 0) / 'diagnostics.json'
     holder = hold(run_dir_of(tmp_path, 'perloop-rmsnorm', 0), 'run', raw_done, tmp_path)
     try:
-        records = run_ablation('smoke', out_dir=tmp_path, lock_wait=120, **kw)
+        records = run_ablation('smoke', out_dir=tmp_path, lock_wait=120, **kw).records
     finally:
         holder.kill()
         holder.wait()

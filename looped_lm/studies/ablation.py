@@ -5,7 +5,7 @@
 # %% ../../nbs/04d_ablation.ipynb #b8aa09d1
 from __future__ import annotations
 import hashlib, json, time, warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 from ..core.config import ExperimentConfig, ConfigError, load_preset
@@ -18,13 +18,13 @@ from ..measure.diagnostics import diagnose_run, exit_throughput, read_run
 from .runner import EXECUTORS, check_executor, check_lock_wait, cost_plan, prepare_once
 from .runner import submit_jobs, work_when_free
 from .variants import VARIANTS, check_seeds, check_variants
-from .tables import write_tables, read_throughput
+from .tables import build_tables, read_throughput, to_markdown, write_tables
 from .claims import write_claims
 from .runner import repo_root, repo_relative, check_folder, check_spawn_guard, job_data
 from .runner import run_jobs, study_lock, check_device, check_workers
 
 # %% auto #0
-__all__ = ['JOB_DEFAULTS', 'collect', 'run_ablation', 'run_study']
+__all__ = ['JOB_DEFAULTS', 'collect', 'Ablation', 'read_ablation', 'run_ablation', 'run_study']
 
 # %% ../../nbs/04d_ablation.ipynb #171ecc3c
 @dataclass
@@ -265,6 +265,36 @@ def _publish_locked(st: Study, states: list, outcomes, device, data) -> list:
         publish(records, st, throughput)
     return records
 
+# %% ../../nbs/04d_ablation.ipynb #abl0res1
+@dataclass
+class Ablation:
+    """What a study made, read back from its folder: the `study` (what and where), one record per run, every table
+    (`skipped`: why a table was not made) and the published claims; `plan`: a `plan_only` call's plan, nothing else."""
+
+    study: Study
+    records: list = field(default_factory=list)
+    tables: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
+    claims: dict | None = None
+    plan: object = None
+
+    def table_markdown(self, name: str) -> str:
+        "Table `name` as Markdown, or the line saying why it was skipped."
+        if name in self.tables:
+            return to_markdown(self.tables[name])
+        plan = 'nothing was run: a plan' if self.plan is not None else None
+        return (
+            f"{name}: skipped ({self.skipped.get(name) or plan or 'no such table; tables: ' + ', '.join(self.tables)})"
+        )
+
+
+def read_ablation(st: Study, records: list = None) -> Ablation:
+    "The published study `st` read back: its records (default: read from the run folders), tables and claims."
+    records = collect(st.out_dir, st.variants, st.seeds) if records is None else records
+    tables, skipped = build_tables(records, read_throughput(st.study_dir))
+    claims = read_json(st.study_dir / 'claims.json', None, damaged=lambda p, e: None)
+    return Ablation(st, records, tables, skipped, claims)
+
 # %% ../../nbs/04d_ablation.ipynb #0c9ad5cb
 JOB_DEFAULTS = dict(gpus_per_job=1, timeout_min=24 * 60)  # of a submitit job, unless a study says otherwise
 
@@ -284,10 +314,10 @@ def run_ablation(
     executor: str = 'inprocess',
     plan_only=False,
     **job_options,
-):
+) -> Ablation:
     """Train what is missing, diagnose every run, then (under the study lock) write records, tables and claims.
     `executor` 'local', 'slurm' or 'debug': one submitit job per run (`job_options`: `submit_jobs`' gpus_per_job,
-    timeout_min, partition, slurm_options), at most `workers` at once. `plan_only`: print the plan, return it."""
+    timeout_min, partition, slurm_options), at most `workers` at once; the study read back (`plan_only`: its plan)."""
     plan_only, opts = as_flag(plan_only, 'plan_only'), {**JOB_DEFAULTS, **job_options}
     on_jobs = check_study_executor(executor, plan_only, opts['gpus_per_job'], opts['timeout_min'])
     st = check_params(preset, variants, seeds, out_dir, device, fig_dir, workers, on_jobs)
@@ -303,9 +333,9 @@ def run_study(
     executor='inprocess',
     plan_only=False,
     **job_options,
-):
+) -> Ablation:
     """`run_ablation` for a study `check_params` validated (with `check_study_executor`'s `executor`): what is missing
-    trained, every run diagnosed, records, tables and claims published; `plan_only`: the plan."""
+    trained, every run diagnosed, records, tables and claims published and read back; `plan_only`: the plan."""
     plan_only = as_flag(plan_only, 'plan_only')
     on_jobs, opts = executor != 'inprocess' or plan_only, {**JOB_DEFAULTS, **job_options}
     lock_wait = check_lock_wait(lock_wait)
@@ -317,9 +347,9 @@ def run_study(
     if on_jobs:
         outcomes = _run_as_jobs(st, jobs, executor, data_dir, plan_only, opts, lock_wait)
         if plan_only:
-            return outcomes  # the plan
+            return Ablation(st, plan=outcomes)
     states = _study_states(st, jobs, outcomes, dev, lock_wait)
-    return _publish_locked(st, states, outcomes, dev, data)
+    return read_ablation(st, _publish_locked(st, states, outcomes, dev, data))
 
 # %% ../../nbs/04d_ablation.ipynb #acac9aa8
 def _published_done(study_dir: Path) -> set:
