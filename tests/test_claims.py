@@ -17,7 +17,6 @@ from looped_lm.studies.claims import CLAIMS, MARGINS, evaluate_claims, claims_ma
 from looped_lm.measure.radial import unaligned_cos
 from looped_lm.studies.tables import synthetic_study
 from looped_lm.measure.diagnostics import HEAVY_TAIL_HILL
-from looped_lm.measure.diagnostics import radial_scale_of
 
 FIELDS = [
     'title',
@@ -129,18 +128,18 @@ def test_l1_without_the_lemma_fields_is_not_measured_and_says_why():
     old = synthetic_study((0, 1), **{v: dict(lemma_ratio=None) for v in ('perloop-rmsnorm', 'terminal-rmsnorm')})
     l1 = evaluate_claims(old)['primary']['checks']['L1']
     assert (l1['verdict'], l1['holds_on_mean'], l1['seeds_held']) == ('not measured', None, '0/2')
-    assert 'diagnostics before v5' in l1['numbers']['lemma'] and 'rerun diagnose_run' in l1['numbers']['lemma']
+    assert 'no measured/exact per token' in l1['numbers']['lemma']
     c2 = evaluate_claims(old)['primary']['claims']['C2']  # the blind spot itself needs no per-token ratio
     assert c2['verdict'] == 'reproduced' and c2['numbers']['max radial normalized'] == pytest.approx(1e-9)
-    assert 'diagnostics before v5' in claims_markdown(evaluate_claims(old))
+    assert 'no measured/exact per token' in claims_markdown(evaluate_claims(old))
     # the thresholds alone already fail: not reproduced, whatever the lemma would say
     bad = synthetic_study((0,), **{'perloop-rmsnorm': dict(lemma_ratio=None, radial=1e-3)})
     assert evaluate_claims(bad)['primary']['claims']['C2']['verdict'] == 'not reproduced at this scale'
-    # a record of the old format end to end: `predicted` is read as the scale
+    # a record without the lemma end to end: its scale is read, its lemma fields are None and not measured
     rec = synthetic_study((0,), variants=['perloop-rmsnorm'], **{'perloop-rmsnorm': dict(lemma_ratio=None)})[0]
-    assert set(rec['diag']['radial'][-1]) == {'k', 'readout', 'objective', 'predicted'}
-    scale = radial_scale_of(rec['diag']['radial'][-1])
-    assert measures(rec)['radial scale'] == scale == pytest.approx(1e-9 / (2 * unaligned_cos(128)))
+    row = rec['diag']['radial'][-1]
+    assert row['exact'] is None and row['ratio_p50'] is None
+    assert measures(rec)['radial scale'] == row['scale'] == pytest.approx(1e-9 / (2 * unaligned_cos(128)))
     assert 'lemma ratio' not in measures(rec)
 
 
@@ -179,14 +178,14 @@ def test_tables_and_claims_rebuild_byte_identical_from_run_records(tmp_path):
     assert 'radial scale' in head and 'radial exact' in head and 'radial predicted' not in head
 
 
-def test_table1_reads_the_scale_of_either_report_version(tmp_path):
+def test_table1_reads_the_scale_whether_or_not_the_lemma_was_measured(tmp_path):
     new = synthetic_study((0,), variants=['perloop-rmsnorm'])
     old = synthetic_study((0,), variants=['perloop-rmsnorm'], **{'perloop-rmsnorm': dict(lemma_ratio=None)})
     t_new, t_old = table1(new).iloc[0], table1(old).iloc[0]
     assert (
         t_new['radial scale'] == pytest.approx(t_old['radial scale']) == pytest.approx(1e-9 / (2 * unaligned_cos(128)))
     )
-    assert t_new['radial exact'] == pytest.approx(1e-9) and t_old['radial exact'] != t_old['radial exact']  # nan: v4
+    assert t_new['radial exact'] == pytest.approx(1e-9) and t_old['radial exact'] != t_old['radial exact']  # nan: none
 
 
 def test_a_not_measured_reason_is_said_once_in_claims_md():
@@ -194,7 +193,7 @@ def test_a_not_measured_reason_is_said_once_in_claims_md():
     cl = evaluate_claims(old)
     assert 'lemma' not in cl['primary']['checks']['L1']['seed_range']
     assert 'max radial normalized' in cl['primary']['claims']['C2']['seed_range']
-    assert claims_markdown(cl).count('diagnostics before v5') == 2  # once per section, not again in the brackets
+    assert claims_markdown(cl).count('no measured/exact per token') == 2  # once per section, not in the brackets
 
 
 def test_missing_run_records_name_the_fix(tmp_path):

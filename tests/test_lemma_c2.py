@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from looped_lm.measure.radial import radial_fractions, radial_scale
-from looped_lm.measure.diagnostics import DIAG_VERSION, cached_report, radial_scale_of
+from looped_lm.measure.diagnostics import DIAG_VERSION, cached_report
 from looped_lm.model.lemmas import radial_exact, radial_fraction
 from looped_lm.measure.protocol import LoopSpec
 
@@ -94,9 +94,8 @@ def test_a_declared_tuple_norm_gives_the_scale_only_and_a_raw_readout_nothing(id
     assert all(r['scale'] is None and r['exact'] is None and r['cot_median'] is None for r in raw)
 
 
-def test_old_reports_are_read_and_recomputed(tmp_path):
+def test_old_reports_are_recomputed_never_read(tmp_path):
     assert DIAG_VERSION >= 5  # the exact fields came with version 5
-    assert radial_scale_of({'predicted': 3e-7}) == 3e-7 and radial_scale_of({'scale': 2e-7}) == 2e-7
     assert radial_scale(torch.full((2, 8), 2.0), 'rmsnorm', 1e-6) == pytest.approx(0.25e-6)
     p = tmp_path / 'diagnostics.json'
     key = dict(version=DIAG_VERSION, checkpoint='ckpt-000010:abc', max_batches=None)

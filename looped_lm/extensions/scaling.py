@@ -24,7 +24,6 @@ from looped_lm.measure.diagnostics import (
     token_norms,
     norm_stats,
     DIAG_VERSION,
-    radial_scale_of,
     checkpoint_id,
     matches_key,
 )
@@ -355,7 +354,7 @@ def measure_columns(m: dict) -> dict:
         'norm median': last['median'],
         'norm p99': last['p99'],
         'radial': rad['readout'],
-        'radial predicted': radial_scale_of(rad),  # eps/mean(H^2), named `scale` since diagnostics v5
+        'radial predicted': rad.get('scale'),  # eps/mean(H^2): the column keeps its first name
         'lemma ratio': rad.get('ratio_p50'),  # median per-token measured/exact (v5+; None for a raw readout)
         **{f"ppl@{e['k']}": e['ppl'] for e in ex},
         'ppl@K': ex[-1]['ppl'],

@@ -41,21 +41,16 @@ from .radial import radial_fractions, angular_updates
 from ..training.rundir import load_run
 
 # %% auto #0
-__all__ = ['DIAG_VERSION', 'MEASURING_CODE', 'HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'EVAL_CE_CHUNK', 'radial_scale_of',
-           'DiagnosticReport', 'matches_key', 'cached_report', 'checkpoint_id', 'report_key', 'current_report',
-           'read_run', 'eval_exits', 'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'clamp_modes',
-           'diagnose', 'diagnose_trained', 'diagnose_run']
+__all__ = ['DIAG_VERSION', 'MEASURING_CODE', 'HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'EVAL_CE_CHUNK', 'DiagnosticReport', 'matches_key',
+           'cached_report', 'checkpoint_id', 'report_key', 'current_report', 'read_run', 'eval_exits',
+           'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'clamp_modes', 'diagnose',
+           'diagnose_trained', 'diagnose_run']
 
 # %% ../../nbs/03c_diagnostics.ipynb #91c3f3a7
 DIAG_VERSION = 5  # the report's layout (what records and tables read); its content is keyed by the code below
 # the modules whose source decides a report's numbers: a cached report is used only for the same `source_hash`
 MEASURING_CODE = imported_modules('looped_lm.measure.diagnostics')  # the diagnostics and all they import
 source_hash(MEASURING_CODE)  # read as imported: an edit while this process measures does not relabel its reports
-
-
-def radial_scale_of(row: dict):
-    "The `scale` of a radial row, also from a report older than `DIAG_VERSION` 5 (which named it `predicted`)."
-    return row.get('scale', row.get('predicted'))
 
 # %% ../../nbs/03c_diagnostics.ipynb #6f45dc3c
 def _table(rows: list, cols: list) -> str:
@@ -122,8 +117,8 @@ def _plot_report(rep: dict, axs=None):
     axs[1].semilogy([x['k'] for x in r], [x['readout'] for x in r], 'o-', label='readout (measured)')
     if r and r[0].get('exact') is not None:
         axs[1].semilogy([x['k'] for x in r], [x['exact'] for x in r], 'kx', label='lemma, exact')
-    if r and radial_scale_of(r[0]) is not None:
-        axs[1].semilogy([x['k'] for x in r], [radial_scale_of(x) for x in r], 'k--', lw=0.8, label='eps/mean(H²)')
+    if r and r[0].get('scale') is not None:
+        axs[1].semilogy([x['k'] for x in r], [x['scale'] for x in r], 'k--', lw=0.8, label='eps/mean(H²)')
     axs[1].set(xlabel='loop k', ylabel='radial fraction')
     axs[1].legend(fontsize=7)
     l2 = rep.get('lemma2', [])

@@ -17,7 +17,6 @@ from ..measure.radial import unaligned_cos
 from ..core.files import write_atomic, read_json_lines, machine_of
 from ..core.config import format_number
 from ..measure.diagnostics import HEAVY_TAIL_HILL
-from ..measure.diagnostics import radial_scale_of
 from .variants import VARIANTS, GROUPS
 from .tables import dig, md_cell, read_run_records, read_throughput, write_tables
 from .runner import repo_root
@@ -82,8 +81,8 @@ def measures(rec) -> dict:
     for c in ('p99', 'max'):
         _put(out, f'{c}/median', lambda c=c: out[c] / out['median'])
     _put(out, 'radial', lambda: dig(d, 'radial', -1, 'readout'))
-    _put(out, 'radial scale', lambda: radial_scale_of(dig(d, 'radial', -1)))  # eps/mean(H^2): the order only
-    for key, c in LEMMA_FIELDS.items():  # the lemma per token (diagnostics v5+): absent from older records
+    _put(out, 'radial scale', lambda: dig(d, 'radial', -1)['scale'])  # eps/mean(H^2): the order only
+    for key, c in LEMMA_FIELDS.items():  # the lemma per token: absent where it was not measured
         _put(out, key, lambda c=c: dig(d, 'radial', -1, c))
     _put(
         out,
@@ -107,7 +106,7 @@ def measures(rec) -> dict:
     return out
 
 # %% ../../nbs/04c_claims.ipynb #28721fd7
-NO_LEMMA = 'not measured: diagnostics before v5 lack measured/exact per token; rerun diagnose_run'  # C2, old
+NO_LEMMA = 'not measured: a normalized readout has no measured/exact per token (its norm declared without a module)'
 
 
 def _c1(m, names):
@@ -148,7 +147,7 @@ def _l1(m, names):
     "The visibility lemma as a numerical identity: our measured radial fraction over the lemma's exact one, per token."
     nrm = [n for n in names if VARIANTS[n].final_readout_normalized]
     q, lo, hi, t = (_vals(m, nrm, k) for k in ('lemma ratio', 'lemma ratio p05', 'lemma ratio p95', '|cot| median'))
-    if q is None:  # diagnostics older than v5 (no per-token ratio): not measured, and said so; no variant: None
+    if q is None:  # no per-token ratio on some normalized readout: not measured, and said so; no variant: None
         return dict(numbers={'lemma': NO_LEMMA}, holds=None) if _vals(m, nrm, 'radial') is not None else None
     num = {'min median measured/exact': min(q), 'max median measured/exact': max(q)}
     if lo is not None and hi is not None and t is not None:

@@ -20,7 +20,6 @@ from .variants import VARIANTS, check_variants, check_seeds
 from .tables import endpoint, read_throughput
 from .ablation import collect
 import matplotlib
-from ..measure.diagnostics import radial_scale_of
 from .tables import endpoint_correlations
 
 # %% auto #0
@@ -374,8 +373,8 @@ def _radial_panel(ax, runs: dict, kind: str, pal: dict):
         _band(ax, ks, [[r[kind] for r in x] for x in rs], pal[v], v, marker='o')
         if kind != 'readout':
             continue
-        if all(radial_scale_of(r) is not None for x in rs for r in x):  # `predicted` before DIAG_VERSION 5
-            ax.plot(ks, np.mean([[radial_scale_of(r) for r in x] for x in rs], 0), '--', color=pal[v], lw=1)
+        if all(r.get('scale') is not None for x in rs for r in x):  # eps/mean(H^2): a normalized readout's
+            ax.plot(ks, np.mean([[r['scale'] for r in x] for x in rs], 0), '--', color=pal[v], lw=1)
         if all(r.get('exact') is not None for x in rs for r in x):  # the lemma per token, token mean
             ax.plot(ks, np.mean([[r['exact'] for r in x] for x in rs], 0), 'x', color=pal[v], ms=6, mew=1.2)
     ax.set_yscale('log')

@@ -13,7 +13,6 @@ from ..measure.radial import unaligned_cos
 from ..core.files import write_atomic
 from ..core.config import format_number
 from ..training.rundir import read_json
-from ..measure.diagnostics import radial_scale_of
 from .variants import VARIANTS
 
 # %% auto #0
@@ -54,15 +53,16 @@ def _norm_rows(norms: list, norm: float, median, hill: float) -> list:
 def _radial_row(variant: str, radial: float, width: int, cot, lemma_ratio) -> dict:
     """The readout's radial row of a run of `variant` with radial fraction `radial`: a normalized readout's scale
     eps/mean(H^2) is set so that radial/scale = `cot` (default 2·sqrt(2/(pi d)), d = `width`), its median per-token
-    measured/exact is `lemma_ratio` (None: the row as diagnostics v4 wrote it, without the lemma per token)."""
+    measured/exact is `lemma_ratio` (None: not measured, as for a spec that declares its norm without the module)."""
     nrm = VARIANTS[variant].final_readout_normalized
     scale = radial / (cot or 2 * unaligned_cos(width)) if nrm else None
-    if lemma_ratio is None:  # as diagnostics v4 wrote it
-        return dict(readout=radial, objective=radial, predicted=scale)
-    lemma = dict(exact=radial / lemma_ratio, ratio_p05=0.9 * lemma_ratio, ratio_p50=lemma_ratio)
-    lemma.update(ratio_p95=1.1 * lemma_ratio, cot_median=cot or 2 * unaligned_cos(width))
+    q = lemma_ratio if nrm else None  # the lemma per token: a normalized readout's, when it was measured
+    lemma = dict(exact=None, ratio_p05=None, ratio_p50=None, ratio_p95=None, cot_median=None)
+    if q is not None:
+        lemma = dict(exact=radial / q, ratio_p05=0.9 * q, ratio_p50=q, ratio_p95=1.1 * q)
+        lemma.update(cot_median=cot or 2 * unaligned_cos(width))
     row = dict(readout=radial, readout_whole=radial, objective=radial, scale=scale)  # as diagnostics v5+ write it
-    row.update({k: v if nrm else None for k, v in lemma.items()})  # the lemma per token: a normalized readout's
+    row.update(lemma)
     return row
 
 # %% ../../nbs/04b_tables.ipynb #143bc94f
@@ -120,7 +120,7 @@ def synthetic_record(
     """A made-up finished run with every diagnostic the tables and claims read, for checks and tests: final-loop norm
     `norm` (median `median`), ‖H_K‖/‖H_1‖ = `growth`, readout radial fraction `radial` (a normalized readout's
     scale eps/mean(H^2) set so that radial/scale = `cot`, default 2·sqrt(2/(pi d)); its median per-token measured /
-    exact `lemma_ratio`, None: a report older than diagnostics v5, without it), PPL per exit, and the clamp's PPL@K
+    exact `lemma_ratio`, None: not measured), PPL per exit, and the clamp's PPL@K
     ratio `clamp_ratio` (one number, or {mode: ratio})."""
     K, ce = len(ppl), [math.log(p) for p in ppl]
     norms = [norm * growth ** ((k - K) / max(K - 1, 1)) for k in range(1, K + 1)]
@@ -220,7 +220,7 @@ def table1(records) -> pd.DataFrame:
             'norm p99': n['p99'],
             'norm max': n['max'],
             'radial (readout)': rad['readout'],
-            'radial scale': radial_scale_of(rad),
+            'radial scale': rad.get('scale'),
             'radial exact': rad.get('exact'),
             'radial (train)': r.get('radial_train'),
             f'PPL@{K} val': _exit(r, 'validation', K)['ppl'],
