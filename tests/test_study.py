@@ -245,3 +245,9 @@ def test_the_gpu_script_of_the_depth_worth_study_runs_its_tiny_grid_on_the_cpu(t
     assert '24 records in' in out.stdout, out.stdout[-2000:]
     rules = json.loads((tmp_path / 'figures' / 'rules.json').read_text())
     assert list(rules['arms']) == ['B8', 'B12'] and all('R1' in a for a in rules['arms'].values())
+    # after an interruption: --publish-only publishes what was measured, and no stale record of a run measured no more
+    (tmp_path / 'kept' / 'B8-one-pass-seed1' / 'depth.jsonl').unlink()
+    pub = cmd[:-2] + ['--publish-only', '--out-dir', str(tmp_path)]
+    out = subprocess.run(pub, cwd=root, capture_output=True, text=True, env=os.environ)
+    assert out.returncode == 0 and 'published 23 of 24' in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    assert not (tmp_path / 'figures' / 'records' / 'B8-one-pass-seed1.jsonl').exists()
