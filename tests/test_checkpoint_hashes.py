@@ -3,13 +3,13 @@
 Each checkpoint records the content hash of its weights and its trainer state in `hashes.json` when it is written.
 Resuming, `load_run` and the diagnostics (which load through `load_run`) check them first: a swapped weights file,
 or a few flipped bytes in the tensor data, is a `DamagedCheckpointError` naming the file and the fix, not a run that
-silently resumes to `done`, or one that "diverges" and is marked failed for good. A checkpoint written before hashes
-were recorded is accepted once, with a warning, and its hashes are recorded then. A checkpoint that cannot be written
+silently resumes to `done`, or one that "diverges" and is marked failed for good. A checkpoint without its hashes
+(one written before they were recorded, too) is refused the same way. A checkpoint that cannot be written
 (here: a real file-size limit, which safetensors reports as its own error type) is a `CheckpointWriteError`, and the
 previous checkpoint still loads.
 """
 
-import hashlib, json, shutil, subprocess, sys, warnings
+import hashlib, json, shutil, subprocess, sys
 from pathlib import Path
 import pytest, torch
 from looped_lm.core.config import load_preset
@@ -107,22 +107,15 @@ def test_lost_or_garbled_hashes_are_refused(run, smoke_data):
     _refused_alike(run, smoke_data, 'hashes.json is missing')
 
 
-def test_an_old_checkpoint_is_hashed_once_then_checked(run, smoke_data):
-    "A checkpoint from before hashes (no hashes.json, no `format`): loaded with a warning, its hashes recorded."
+def test_a_checkpoint_from_before_hashes_is_refused_with_the_fix(run, smoke_data):
+    "A checkpoint from before hashes (no hashes.json, no `format`): refused like a damaged one, nothing written."
     ck = run / 'ckpt-000010'
     state = torch.load(ck / 'state.pt', weights_only=False)
     state.pop('format')
     torch.save(state, ck / 'state.pt')
     (ck / 'hashes.json').unlink()
-    with pytest.warns(UserWarning, match='written before checkpoints recorded .* its hashes are recorded now'):
-        load_run(run)
-    assert (ck / 'hashes.json').is_file()
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')  # once: no second warning
-        load_run(run)
-    _flip_tensor_bytes(ck / 'model.safetensors')
-    with pytest.raises(DamagedCheckpointError, match='model.safetensors has SHA-256'):
-        load_run(run)
+    _refused_alike(run, smoke_data, 'hashes.json is missing')
+    assert not (ck / 'hashes.json').exists()
 
 
 # `python -c LIMITED run_dir limit`: train on, with files larger than `limit` bytes refused by the kernel (EFBIG)

@@ -13,7 +13,6 @@ import errno
 import random
 import re
 import shutil
-import warnings
 import numpy as np
 import torch
 from safetensors import SafetensorError
@@ -134,7 +133,7 @@ def append_metrics(run_dir, rec: dict):
 
 # %% ../../nbs/02b_rundir.ipynb #1596d0d4
 CKPT_FILES = ('model.safetensors', 'state.pt')  # a checkpoint's files; its `hashes.json` records their SHA-256
-CKPT_FORMAT = 2  # state.pt's `format`: 2, the checkpoint has a hashes.json; none: written before hashes were
+CKPT_FORMAT = 2  # state.pt's `format`: 2, the checkpoint has a hashes.json
 # the modules whose source decides a run's weights: a run and each of its checkpoints record their `source_hash`
 TRAINING_CODE = imported_modules('looped_lm.training.train')  # the trainer and all it imports, read off the code
 source_hash(TRAINING_CODE)  # read as imported: an edit while this process trains does not relabel its checkpoints
@@ -177,7 +176,7 @@ def verify_checkpoint(ckpt_dir) -> dict:
     "Check each file of `ckpt_dir` against its `hashes.json` (`DamagedCheckpointError`); returns the hashes."
     ckpt_dir, p = Path(ckpt_dir), Path(ckpt_dir) / 'hashes.json'
     if not p.exists():
-        return _first_hashes(ckpt_dir)
+        raise _damaged(ckpt_dir, f"its {p} is missing")
     try:
         want = json.loads(p.read_text())
         want = {n: str(want[n]) for n in CKPT_FILES}
@@ -188,21 +187,6 @@ def verify_checkpoint(ckpt_dir) -> dict:
         if got != sha:
             raise _damaged(ckpt_dir, f"{ckpt_dir / n} has SHA-256 {got[:16]}…, not the {sha[:16]}… in {p.name}")
     return want
-
-
-def _first_hashes(ckpt_dir: Path) -> dict:
-    "A checkpoint written before hashes were (no `format` in its state): accepted, its hashes recorded now."
-    if _read_state(ckpt_dir).get('format', 1) >= CKPT_FORMAT:
-        raise _damaged(ckpt_dir, f"its {ckpt_dir / 'hashes.json'} is missing")
-    try:
-        hashes, how = record_hashes(ckpt_dir), 'recorded now, and checked from now on'
-    except OSError:
-        hashes, how = {}, 'not recorded: the folder cannot be written'
-    warnings.warn(
-        f"Checkpoint {ckpt_dir} was written before checkpoints recorded the SHA-256 of their files: it is "
-        f"loaded unchecked; its hashes are {how}."
-    )
-    return hashes
 
 # %% ../../nbs/02b_rundir.ipynb #73167e5e
 def _rng_state(gen: torch.Generator) -> dict:
