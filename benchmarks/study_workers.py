@@ -20,13 +20,11 @@ from bench_lib import RESULTS, SCRATCH, machine, write_json
 
 def run_study(preset, variants, seeds, workers, out_dir) -> dict:
     from looped_lm.studies.ablation import run_ablation
-    from looped_lm.studies.tables import write_tables
 
     t = time.perf_counter()
-    records = run_ablation(preset, variants, seeds, out_dir, workers=workers, progress=False).records
+    res = run_ablation(preset, variants, seeds, out_dir, workers=workers, progress=False)
     dt = time.perf_counter() - t
-    tables = write_tables(records, out_dir)
-    return dict(seconds=dt, table1=tables['table1'].to_csv(), records=len(records))
+    return dict(seconds=dt, table1=res.tables['table1'].to_csv(), records=len(res.records))
 
 
 def main():

@@ -15,23 +15,15 @@ missing is trained and measured.
 import argparse
 import time
 
-from looped_lm.extensions.depth import check_depth, plan_records
-from looped_lm.extensions.grid import publish_records
+from looped_lm.extensions.depth import check_depth, publish_depth
 from looped_lm.extensions.worth import WORTH_GRIDS, rebuild_worth, run_worth
-from looped_lm.studies.runner import study_lock
 from looped_lm.training.data import prepare_data
 
 
 def publish_measured(grid: str, out_dir, device: str) -> list:
     "Publish the records of the runs already measured, training nothing: what an interrupted grid finished."
     plan = check_depth(grid, out_dir, None, device, 1, WORTH_GRIDS)
-    data = prepare_data(plan.base, verbose=False)
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
-    with study_lock(plan.out_dir):
-        records = plan_records(plan, data)
-        publish_records(plan.jobs, records, plan.fig_dir)
-        if records:
-            rebuild_worth(plan.fig_dir, plan.spec.seeds)
+    records = publish_depth(plan, prepare_data(plan.base, verbose=False), lambda f: rebuild_worth(f, plan.spec.seeds))
     print(f"published {len(records)} of {len(plan.jobs)} runs' records into {plan.fig_dir}")
     return records
 

@@ -30,7 +30,7 @@ __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'KHOP_SPLITS', 'DEP
            'DepthPlan', 'task_settings', 'depth_base', 'check_depth', 'depth_key', 'measure_kept', 'advance_depth',
            'depth_row', 'arm_runs', 'rule_r1', 'official_claims', 'spearman', 'rule_r3', 'rule_r4', 'rule_r6',
            'rule_r0', 'depth_rules', 'rules_markdown', 'depth_table', 'read_depth_records', 'write_depth',
-           'rebuild_depth', 'plan_records', 'run_depth', 'study_rows']
+           'rebuild_depth', 'plan_records', 'publish_depth', 'run_depth', 'study_rows']
 
 # %% ../../nbs/06d_depth.ipynb #a2e5e010
 def dose_variant(lam: float) -> Variant:
@@ -684,6 +684,18 @@ def plan_records(plan: DepthPlan, data) -> list:
     return kept_records(plan.jobs, RECORDS, lambda j, ck: depth_key(ck, j.cfg, data, *measured))
 
 # %% ../../nbs/06d_depth.ipynb #56511372
+def publish_depth(plan: DepthPlan, data, rebuild=None) -> list:
+    """Under the study lock, every run's current records published and the tables rebuilt (`rebuild(fig_dir)`, default
+    `rebuild_depth`); the records. What a finished grid ends with, and what an interrupted one publishes."""
+    Path(plan.out_dir).mkdir(parents=True, exist_ok=True)
+    with study_lock(plan.out_dir):
+        records = plan_records(plan, data)
+        publish_records(plan.jobs, records, plan.fig_dir)
+        if records:
+            (rebuild or rebuild_depth)(plan.fig_dir)
+    return records
+
+
 def run_depth(
     grid='tiny',
     out_dir=None,
@@ -712,12 +724,7 @@ def run_depth(
     from looped_lm.extensions import depth as mod  # the exported work function: what a spawned worker can import
 
     run_plan_jobs(plan, mod._depth_one, data, data_dir, lock_wait, progress, **measured, **made)
-    with study_lock(plan.out_dir):
-        records = plan_records(plan, data)
-        publish_records(plan.jobs, records, plan.fig_dir)
-        if records:
-            (rebuild or rebuild_depth)(plan.fig_dir)
-    return records
+    return publish_depth(plan, data, rebuild)
 
 # %% ../../nbs/06d_depth.ipynb #66f484e8
 def study_rows(folder) -> pd.DataFrame:

@@ -19,12 +19,12 @@ from .runner import EXECUTORS, check_executor, check_lock_wait, cost_plan, prepa
 from .runner import submit_jobs, work_when_free
 from .variants import VARIANTS, check_seeds, check_variants
 from .tables import build_tables, read_throughput, to_markdown, write_tables
-from .claims import write_claims
+from .claims import evaluate_claims, write_claims
 from .runner import repo_root, repo_relative, check_folder, check_spawn_guard, job_data
 from .runner import run_jobs, study_lock, check_device, check_workers
 
 # %% auto #0
-__all__ = ['JOB_DEFAULTS', 'collect', 'Ablation', 'read_ablation', 'run_ablation', 'run_study']
+__all__ = ['JOB_DEFAULTS', 'collect', 'Ablation', 'run_ablation', 'run_study']
 
 # %% ../../nbs/04d_ablation.ipynb #171ecc3c
 @dataclass
@@ -255,27 +255,28 @@ def _study_states(st: Study, jobs: list, outcomes, device, lock_wait: float) -> 
     return run_jobs(jobs, mod.train_and_diagnose, st.workers, device, lock_wait)
 
 
-def _publish_locked(st: Study, states: list, outcomes, device, data) -> list:
-    "Under the study lock: the records (locked runs, and failed jobs of `outcomes`, marked), published; the records."
+def _publish_locked(st: Study, states: list, outcomes, device, data) -> Ablation:
+    "Under the study lock: the records (locked runs, and failed jobs of `outcomes`, marked), published (`publish`)."
     st.study_dir.mkdir(parents=True, exist_ok=True)
     with study_lock(st.out_dir):
         records = _mark_locked(collect(st.out_dir, st.variants, st.seeds), states, st.out_dir)
         records = _mark_failed(records, outcomes) if outcomes is not None else records
         throughput = None if outcomes is not None else study_throughput(st, device, data)  # jobs: measured nowhere here
-        publish(records, st, throughput)
-    return records
+        return publish(records, st, throughput)
 
 # %% ../../nbs/04d_ablation.ipynb #abl0res1
 @dataclass
 class Ablation:
-    """What a study made, read back from its folder: the `study` (what and where), one record per run, every table
-    (`skipped`: why a table was not made) and the published claims; `plan`: a `plan_only` call's plan, nothing else."""
+    """What a study made of its records: the `study` (what and where), one record per run, every table (`skipped`: why a
+    table was not made) and the claims, all of these records; `published`: whether its folder holds them (False:
+    publishing was refused, see `publish`); `plan`: a `plan_only` call's plan, nothing else."""
 
     study: Study
     records: list = field(default_factory=list)
     tables: dict = field(default_factory=dict)
     skipped: dict = field(default_factory=dict)
     claims: dict | None = None
+    published: bool = False
     plan: object = None
 
     def table_markdown(self, name: str) -> str:
@@ -286,14 +287,6 @@ class Ablation:
         return (
             f"{name}: skipped ({self.skipped.get(name) or plan or 'no such table; tables: ' + ', '.join(self.tables)})"
         )
-
-
-def read_ablation(st: Study, records: list = None) -> Ablation:
-    "The published study `st` read back: its records (default: read from the run folders), tables and claims."
-    records = collect(st.out_dir, st.variants, st.seeds) if records is None else records
-    tables, skipped = build_tables(records, read_throughput(st.study_dir))
-    claims = read_json(st.study_dir / 'claims.json', None, damaged=lambda p, e: None)
-    return Ablation(st, records, tables, skipped, claims)
 
 # %% ../../nbs/04d_ablation.ipynb #0c9ad5cb
 JOB_DEFAULTS = dict(gpus_per_job=1, timeout_min=24 * 60)  # of a submitit job, unless a study says otherwise
@@ -335,7 +328,7 @@ def run_study(
     **job_options,
 ) -> Ablation:
     """`run_ablation` for a study `check_params` validated (with `check_study_executor`'s `executor`): what is missing
-    trained, every run diagnosed, records, tables and claims published and read back; `plan_only`: the plan."""
+    trained, every run diagnosed, records, tables and claims published (`Ablation`); `plan_only`: the plan."""
     plan_only = as_flag(plan_only, 'plan_only')
     on_jobs, opts = executor != 'inprocess' or plan_only, {**JOB_DEFAULTS, **job_options}
     lock_wait = check_lock_wait(lock_wait)
@@ -349,7 +342,7 @@ def run_study(
         if plan_only:
             return Ablation(st, plan=outcomes)
     states = _study_states(st, jobs, outcomes, dev, lock_wait)
-    return read_ablation(st, _publish_locked(st, states, outcomes, dev, data))
+    return _publish_locked(st, states, outcomes, dev, data)
 
 # %% ../../nbs/04d_ablation.ipynb #acac9aa8
 def _published_done(study_dir: Path) -> set:
@@ -358,9 +351,10 @@ def _published_done(study_dir: Path) -> set:
     return {(r.get('variant'), r.get('seed')) for r in recs if isinstance(r, dict) and r.get('status') == 'done'}
 
 
-def publish(records, st: Study, throughput=None) -> bool:
-    """records.json, the tables and claims.json/.md into `study_dir`, under `study_lock` (figures: `make_figures`);
-    never fewer finished runs than were published: then the published study stays, with a warning (False)."""
+def publish(records, st: Study, throughput=None) -> Ablation:
+    """records.json, the tables and claims.json/.md of `records` into `study_dir`, under `study_lock` (figures:
+    `make_figures`), and what was written; never fewer finished runs than were published: then the published study
+    stays, with a warning, and this call's tables and claims are made in memory only (`published` False)."""
     lost = _published_done(st.study_dir) - {(r['variant'], r['seed']) for r in records if r['status'] == 'done'}
     if lost:
         names = ', '.join(f"{v}-seed{s}" for v, s in sorted(lost, key=str))
@@ -369,7 +363,8 @@ def publish(records, st: Study, throughput=None) -> bool:
             f"could not read now ({names}: locked by another process, failed or damaged since). Run the same command "
             f"again when they are free; delete {st.study_dir / 'records.json'} to publish fewer runs on purpose."
         )
-        return False
+        tables, skipped = build_tables(records, throughput)
+        return Ablation(st, records, tables, skipped, evaluate_claims(records, st.preset), published=False)
     sweep_stale_tmp(st.study_dir)
     write_atomic(
         st.study_dir / 'records.json',
@@ -378,6 +373,5 @@ def publish(records, st: Study, throughput=None) -> bool:
     write_atomic(
         st.study_dir / 'study.json', json.dumps(dict(preset=st.preset, variants=st.variants, seeds=st.seeds), indent=1)
     )
-    write_tables(records, st.study_dir, throughput)
-    write_claims(records, st.study_dir)
-    return True
+    tables, skipped = write_tables(records, st.study_dir, throughput)
+    return Ablation(st, records, tables, skipped, write_claims(records, st.study_dir), published=True)

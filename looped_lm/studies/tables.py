@@ -486,8 +486,9 @@ def read_run_records(study_dir) -> list:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
 # %% ../../nbs/04b_tables.ipynb #cdd85c40
-def write_tables(records, study_dir, throughput=None) -> dict:
-    "The per-run records (`runs.jsonl`) and every table as CSV (sd included), Markdown, LaTeX in `study_dir/tables/`."
+def write_tables(records, study_dir, throughput=None) -> tuple:
+    """The per-run records (`runs.jsonl`) and every table as CSV (sd included), Markdown, LaTeX in `study_dir/tables/`;
+    what `build_tables` made of them (tables, skipped)."""
     write_run_records(records, study_dir)
     tdir = Path(study_dir) / 'tables'
     tdir.mkdir(parents=True, exist_ok=True)
@@ -500,4 +501,4 @@ def write_tables(records, study_dir, throughput=None) -> dict:
         for ext in ('csv', 'md', 'tex'):
             (tdir / f'{n}.{ext}').unlink(missing_ok=True)  # no stale table beside fresh ones
     write_atomic(tdir / 'skipped.md', ''.join(f"- {n}: {why}\n" for n, why in skipped.items()))
-    return tables
+    return tables, skipped
