@@ -23,6 +23,7 @@ from .measure.diagnostics import DiagnosticReport, diagnose, diagnose_run  # noq
 from .studies.ablation import run_ablation  # noqa: E402
 from .studies.claims import rebuild  # noqa: E402
 from .studies.figures import make_figures  # noqa: E402
+from .studies.runner import run_grid  # noqa: E402
 from .extensions.scaling import run_scaling  # noqa: E402
 from .extensions.horizon import run_horizon  # noqa: E402
 from .extensions.depth import run_depth  # noqa: E402
@@ -67,6 +68,7 @@ __all__ = [
     'run_ablation',
     'rebuild',
     'make_figures',
+    'run_grid',
     'run_scaling',
     'run_horizon',
     'run_depth',

@@ -15,15 +15,16 @@ missing is trained and measured.
 import argparse
 import time
 
-from looped_lm.extensions.depth import check_depth, publish_depth
-from looped_lm.extensions.worth import WORTH_GRIDS, rebuild_worth, run_worth
-from looped_lm.training.data import prepare_data
+from looped_lm.extensions.worth import WORTH, run_worth
+from looped_lm.studies.runner import study_lock
 
 
 def publish_measured(grid: str, out_dir, device: str) -> list:
     "Publish the records of the runs already measured, training nothing: what an interrupted grid finished."
-    plan = check_depth(grid, out_dir, None, device, 1, WORTH_GRIDS)
-    records = publish_depth(plan, prepare_data(plan.base, verbose=False), lambda f: rebuild_worth(f, plan.spec.seeds))
+    plan = WORTH.check(grid, out_dir, None, device, 1)
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    with study_lock(plan.out_dir):
+        records = WORTH.finish(plan, WORTH.data(plan), None)
     print(f"published {len(records)} of {len(plan.jobs)} runs' records into {plan.fig_dir}")
     return records
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, pandas as pd
 from ..core.config import ExperimentConfig, ConfigError, load_preset, named_choice
-from ..training.data import TokenData, prepare_data
+from ..training.data import TokenData
 from ..training.text import SPLITS
 from ..training.train import resolve_device
 from ..core.files import write_atomic, machine_record
@@ -18,19 +18,19 @@ from ..training.train import lr_at
 from ..measure.diagnostics import diagnose_trained, EVAL_TOKENS
 from ..measure.diagnostics import checkpoint_id, DIAG_VERSION
 from ..studies.variants import VARIANTS, Variant, check_seeds
-from ..studies.runner import check_device, check_workers, check_spawn_guard, grid_dirs, job_data
-from ..studies.runner import check_lock_wait, run_plan_jobs, study_lock
+from ..studies.runner import check_device, check_workers, grid_dirs, job_data
+from ..studies.runner import GridStudy, plan_data, run_grid
 from .grid import advance_kept, kept_dir, kept_records, load_kept, publish_records, read_records
 from .grid import record_once
 
 # %% auto #0
 __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'KHOP_SPLITS', 'DEPTH_GRIDS', 'DEPTH_VERSION', 'RECORDS', 'RULES',
-           'AT_RISK_V', 'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'REFERENCE_ARM', 'ROW_COLUMNS',
+           'AT_RISK_V', 'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'REFERENCE_ARM', 'ROW_COLUMNS', 'DEPTH',
            'dose_variant', 'khop_vocab', 'khop_episodes', 'khop_data', 'khop_corpus', 'DepthGrid', 'DepthJob',
            'DepthPlan', 'task_settings', 'depth_base', 'check_depth', 'depth_key', 'measure_kept', 'advance_depth',
            'depth_row', 'arm_runs', 'rule_r1', 'official_claims', 'spearman', 'rule_r3', 'rule_r4', 'rule_r6',
            'rule_r0', 'depth_rules', 'rules_markdown', 'depth_table', 'read_depth_records', 'write_depth',
-           'rebuild_depth', 'plan_records', 'publish_depth', 'run_depth', 'study_rows']
+           'rebuild_depth', 'plan_records', 'publish_depth', 'depth_data', 'depth_fields', 'run_depth', 'study_rows']
 
 # %% ../../nbs/06d_depth.ipynb #a2e5e010
 def dose_variant(lam: float) -> Variant:
@@ -684,47 +684,45 @@ def plan_records(plan: DepthPlan, data) -> list:
     return kept_records(plan.jobs, RECORDS, lambda j, ck: depth_key(ck, j.cfg, data, *measured))
 
 # %% ../../nbs/06d_depth.ipynb #56511372
-def publish_depth(plan: DepthPlan, data, rebuild=None) -> list:
-    """Under the study lock, every run's current records published and the tables rebuilt (`rebuild(fig_dir)`, default
-    `rebuild_depth`); the records. What a finished grid ends with, and what an interrupted one publishes."""
-    Path(plan.out_dir).mkdir(parents=True, exist_ok=True)
-    with study_lock(plan.out_dir):
-        records = plan_records(plan, data)
-        publish_records(plan.jobs, records, plan.fig_dir)
-        if records:
-            (rebuild or rebuild_depth)(plan.fig_dir)
+def publish_depth(plan: DepthPlan, data, states: list = None, rebuild=None) -> list:
+    """Every run's current records published and the tables rebuilt (`rebuild(fig_dir)`, default `rebuild_depth`); the
+    records. Called under the study lock: what a finished grid ends with and what an interrupted one publishes."""
+    records = plan_records(plan, data)
+    publish_records(plan.jobs, records, plan.fig_dir)
+    if records:
+        (rebuild or rebuild_depth)(plan.fig_dir)
     return records
 
 
-def run_depth(
-    grid='tiny',
-    out_dir=None,
-    fig_dir=None,
-    data_dir=None,
-    device: str = 'auto',
-    workers: int = None,
-    progress: bool = True,
-    lock_wait: float = 600.0,
-    grids=None,
-    arms=None,
-    rebuild=None,
-) -> list:
-    """Train and measure what is missing of the grid (`arms`: only these), publish every run's records, rebuild its
-    tables (`rebuild(fig_dir)`, default `rebuild_depth`); the records. `grids`: the table `grid` names."""
-    plan, lock_wait = check_depth(grid, out_dir, fig_dir, device, workers, grids, arms), check_lock_wait(lock_wait)
-    check_spawn_guard(plan.workers)
-    data = (
-        khop_data(*plan.spec.task) if plan.spec.task else prepare_data(plan.base, data_dir=data_dir, verbose=progress)
-    )
-    measured = dict(max_batches=plan.spec.max_batches, eval_tokens=plan.spec.eval_tokens)
-    made = dict(make_data=(khop_data, plan.spec.task)) if plan.spec.task else {}  # a worker makes it, never reads it
-    if progress:
-        n = sum(len(j.steps) for j in plan.jobs)
-        print(f"depth study {plan.grid}: {len(plan.jobs)} runs, {n} checkpoints in {plan.out_dir}", flush=True)
-    from looped_lm.extensions import depth as mod  # the exported work function: what a spawned worker can import
+def depth_data(plan: DepthPlan, data_dir=None, progress: bool = False):
+    "A depth grid's tokens: its generated task's, else its corpus."
+    return khop_data(*plan.spec.task) if plan.spec.task else plan_data(plan, data_dir, progress)
 
-    run_plan_jobs(plan, mod._depth_one, data, data_dir, lock_wait, progress, **measured, **made)
-    return publish_depth(plan, data, rebuild)
+
+def depth_fields(plan: DepthPlan) -> dict:
+    "What each run's work needs to measure: the grid's evaluation windows (and the task a worker makes, never reads)."
+    made = dict(make_data=(khop_data, plan.spec.task)) if plan.spec.task else {}
+    return dict(max_batches=plan.spec.max_batches, eval_tokens=plan.spec.eval_tokens) | made
+
+# %% ../../nbs/06d_depth.ipynb #d7e90c11
+DEPTH = GridStudy(
+    'depth',
+    check=check_depth,
+    work='looped_lm.extensions.depth:_depth_one',
+    fields=depth_fields,
+    finish=publish_depth,
+    describe=lambda plan: (
+        f"{len(plan.jobs)} runs, {sum(len(j.steps) for j in plan.jobs)} checkpoints in {plan.out_dir}"
+    ),
+    data=depth_data,
+)
+
+
+def run_depth(grid='tiny', **kw) -> list:
+    """`run_grid(DEPTH, grid, **kw)`: train and measure what is missing of the grid, publish every run's records and
+    rebuild its tables; the records. Keywords as `run_grid`'s, with `grids` (the table `grid` names) and `arms` (only
+    these arms)."""
+    return run_grid(DEPTH, grid, **kw)
 
 # %% ../../nbs/06d_depth.ipynb #66f484e8
 def study_rows(folder) -> pd.DataFrame:

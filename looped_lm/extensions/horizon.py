@@ -20,17 +20,7 @@ from pathlib import Path
 from ..core.config import ExperimentConfig, ConfigError, load_preset, named_choice
 from ..training.train import lr_at, resolve_device, train
 from ..studies.variants import GROUPS, check_variants, check_seeds
-from looped_lm.studies.runner import (
-    check_device,
-    check_lock_wait,
-    check_workers,
-    grid_dirs,
-    check_spawn_guard,
-    job_data,
-    run_plan_jobs,
-    study_lock,
-)
-from ..training.data import prepare_data
+from ..studies.runner import GridStudy, check_device, check_workers, grid_dirs, job_data, run_grid
 from ..core.files import write_atomic
 from ..measure.halting import loop_scores, adaptive_halting
 from ..measure.diagnostics import norm_stats, clamp_modes, checkpoint_id, DIAG_VERSION
@@ -43,8 +33,8 @@ from .grid import advance_kept, keep_checkpoint, kept_dir, kept_records, load_ke
 
 # %% auto #0
 __all__ = ['PAPER_LR', 'PAPER_BATCH_TOKENS', 'PAPER_STEPS', 'PAPER_WIDTH', 'CLOCKS', 'PAPER_CLOCK', 'PAPER_DRIFT_RMS',
-           'HORIZON_GRIDS', 'collapse_test', 'dose_response', 'drift_law', 'clock_of', 'HorizonGrid', 'HorizonPlan',
-           'check_horizon', 'horizon_table', 'Horizon', 'analyse', 'run_horizon']
+           'HORIZON_GRIDS', 'HORIZON', 'collapse_test', 'dose_response', 'drift_law', 'clock_of', 'HorizonGrid',
+           'HorizonPlan', 'check_horizon', 'horizon_table', 'Horizon', 'analyse', 'finish_horizon', 'run_horizon']
 
 # %% ../../nbs/06c_horizon.ipynb #2b9b5d3c
 PAPER_LR = 3e-4  # the official constant learning rate (44M and 129M)
@@ -649,31 +639,27 @@ def write_horizon(res: Horizon):
     write_atomic(out / 'drift.md', text)
 
 # %% ../../nbs/06c_horizon.ipynb #732d904e
-def run_horizon(
-    grid='tiny',
-    out_dir=None,
-    fig_dir=None,
-    data_dir=None,
-    device: str = 'auto',
-    workers: int = None,
-    progress: bool = True,
-    lock_wait: float = 600.0,
-) -> Horizon:
-    "Train and measure what is missing of the grid (the studies' shared runner), then write table and analyses."
-    plan, lock_wait = check_horizon(grid, out_dir, fig_dir, device, workers), check_lock_wait(lock_wait)
-    check_spawn_guard(plan.workers)
-    data = prepare_data(plan.base, data_dir=data_dir, verbose=progress)
-    if progress:
-        print(
-            f"horizon study {plan.grid}: {len(plan.jobs)} runs x {len(plan.jobs[0].steps)} checkpoints in "
-            f"{plan.out_dir}, {plan.workers} worker(s)",
-            flush=True,
-        )
-    tokens = (plan.spec.measure_tokens, plan.spec.radial_tokens)
-    from looped_lm.extensions import horizon as mod  # the exported work function: what a spawned worker can import
-
-    states = run_plan_jobs(plan, mod._horizon_one, data, data_dir, lock_wait, progress, tokens=tokens)
-    with study_lock(plan.out_dir):
-        res = analyse(plan, horizon_table(plan_records(plan, data)), states)
-        write_horizon(res)
+def finish_horizon(plan: HorizonPlan, data, states: list) -> Horizon:
+    "The study's end, under its lock: the table of every current record, its three analyses, written to `out_dir`."
+    res = analyse(plan, horizon_table(plan_records(plan, data)), states)
+    write_horizon(res)
     return res
+
+
+HORIZON = GridStudy(
+    'horizon',
+    check=check_horizon,
+    work='looped_lm.extensions.horizon:_horizon_one',
+    fields=lambda plan: dict(tokens=(plan.spec.measure_tokens, plan.spec.radial_tokens)),
+    finish=finish_horizon,
+    describe=lambda plan: (
+        f"{len(plan.jobs)} runs x {len(plan.jobs[0].steps)} checkpoints in {plan.out_dir}, {plan.workers} worker(s)"
+    ),
+)
+
+
+def run_horizon(grid='tiny', **kw) -> Horizon:
+    """`run_grid(HORIZON, grid, **kw)`: train and measure what is missing of the grid, then write its table and
+    analyses. Keywords as `run_grid`'s: `out_dir`, `fig_dir`, `data_dir`, `device`, `workers`, `progress`,
+    `lock_wait`."""
+    return run_grid(HORIZON, grid, **kw)

@@ -30,12 +30,11 @@ from looped_lm.measure.diagnostics import (
 from ..measure.radial import radial_fractions_as_trained
 from ..measure.protocol import as_spec
 from ..core.config import named_choice, short_number
-from ..training.data import prepare_data
 from ..model.looped import LoopedLM, num_params
 from ..training.train import train, TrainingError, resolve_device
 from ..studies.variants import VARIANTS, check_variants, check_seeds
 from ..studies.tables import to_markdown
-from ..studies.runner import check_device, check_lock_wait, grid_dirs, job_data, run_jobs, study_lock
+from ..studies.runner import GridStudy, check_device, grid_dirs, job_data, run_grid
 from .growth import fit_growth, growth_row, fit_sentence, carry_sentence
 import matplotlib.pyplot as plt
 import seaborn as sns
@@ -45,9 +44,9 @@ from ..studies.figures import STYLE, palette, save, check_fig_dir
 from .growth import PAPER_DRIFT, PAPER_TOKENS
 
 # %% auto #0
-__all__ = ['AXES', 'GRIDS', 'REFERENCE', 'MD_COLUMNS', 'Grid', 'train_flops', 'estimate_seconds', 'ScalingPlan', 'measure_run',
-           'check_scaling', 'add_c6', 'scaling_table', 'growth_table', 'reading', 'Scaling', 'run_scaling',
-           'published_table', 'fig_scaling_drift', 'fig_scaling_axes', 'draw_scaling']
+__all__ = ['AXES', 'GRIDS', 'REFERENCE', 'MD_COLUMNS', 'SCALING', 'Grid', 'train_flops', 'estimate_seconds', 'ScalingPlan',
+           'measure_run', 'check_scaling', 'add_c6', 'scaling_table', 'growth_table', 'reading', 'Scaling',
+           'finish_scaling', 'run_scaling', 'published_table', 'fig_scaling_drift', 'fig_scaling_axes', 'draw_scaling']
 
 # %% ../../nbs/06a_scaling.ipynb #9e3cef37
 CONTROLS = ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty')  # its scale-controlled counterparts
@@ -251,6 +250,11 @@ class Job:
         "How progress lines and errors name the run: point, variant and seed."
         return f"{self.point.name} {self.variant} seed {self.seed}"
 
+    @property
+    def keep_dir(self) -> Path:
+        "Where the run's record is kept, the folder its work locks: its run directory (`scaling.json` lies there)."
+        return self.run_dir
+
 # %% ../../nbs/06a_scaling.ipynb #250bed5f
 def scaling_run_dir(out_dir, point: str, variant: str, seed: int) -> Path:
     "The run directory of (point, variant, seed) in a study folder."
@@ -269,6 +273,7 @@ class ScalingPlan:
     out_dir: Path
     fig_dir: Path
     device: str
+    workers: int = 1  # one run at a time: each run's training seconds are among its measurements
 
 # %% ../../nbs/06a_scaling.ipynb #9f537863
 SCALING_VERSION = (
@@ -381,8 +386,16 @@ def scaling_dirs(name: str, spec: Grid, preset: str = None, out_dir=None, fig_di
     return grid_dirs('scaling', key, name == 'custom', spec.publish, out_dir, fig_dir)
 
 # %% ../../nbs/06a_scaling.ipynb #74504fa3
-def check_scaling(grid='tiny', preset: str = None, out_dir=None, fig_dir=None, device: str = 'auto') -> ScalingPlan:
-    "Every run of the study (point x variant x seed) with its config, and every path, checked before any folder exists."
+def check_scaling(
+    grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto', workers: int = None, preset: str = None
+) -> ScalingPlan:
+    """Every run of the study (point x variant x seed) with its config, and every path, checked before any folder
+    exists; `preset`: another centre than the grid's. One worker: a run's training seconds are measured."""
+    if workers not in (None, 1):
+        raise ConfigError(
+            f"workers = {workers!r}: the scaling grid trains one run at a time (its seconds are "
+            "measurements); pass workers=1 or leave it out."
+        )
     name, spec = named_choice(grid, GRIDS, Grid, 'grid')
     base = load_preset(preset or spec.preset, **spec.overrides)
     if check_device(device) != 'auto':
@@ -428,7 +441,7 @@ def _scale_one(job: dict) -> str:
     data = job_data(job)
     state = train_job(job['job'], data, job['progress'])
     if state == 'done':
-        measure_run(job['run_dir'], data, *job['tokens'], job['device'])
+        measure_run(job['job'].run_dir, data, *job['tokens'], job['device'])
     if job['progress']:
         print(f"{job['head']}: {state}", flush=True)
     return state
@@ -639,53 +652,34 @@ def write_results(res: Scaling):
     write_atomic(out / 'reading.md', res.reading + '\n')
 
 # %% ../../nbs/06a_scaling.ipynb #b7c1d2ea
-def scaling_jobs(plan: ScalingPlan, data, data_dir=None, progress: bool = True) -> list:
-    "The job dicts of the studies' shared runner (`run_jobs`) for every run of `plan`, for `_scale_one`."
-    tokens = (plan.spec.measure_tokens, plan.spec.radial_tokens)
-    return [
-        dict(
-            label=j.label,
-            run_dir=j.run_dir,
-            cfg=j.cfg,
-            job=j,
-            data=data,
-            data_dir=data_dir,
-            tokens=tokens,
-            device=plan.device,
-            progress=progress,
-        )
-        for j in plan.jobs
-    ]
+def finish_scaling(plan: ScalingPlan, data, states: list = None) -> Scaling:
+    "The study's end, under its lock: the table of every run (measured where finished), its fits and reading, written."
+    table = scaling_table(plan, data)
+    fits, growth = growth_table(table, plan)
+    res = Scaling(plan, table, fits, growth, reading(table, plan, fits))
+    write_results(res)
+    return res
+
+
+SCALING = GridStudy(
+    'scaling',
+    check=check_scaling,
+    work='looped_lm.extensions.scaling:_scale_one',
+    fields=lambda plan: dict(tokens=(plan.spec.measure_tokens, plan.spec.radial_tokens)),
+    finish=finish_scaling,
+    describe=lambda plan: (
+        f"{len(plan.points)} points x {len(plan.spec.variants)} variants = {len(plan.jobs)} runs in {plan.out_dir}; "
+        f"training estimated at {_wall(estimate_seconds([j.cfg for j in plan.jobs]))} on this machine's 2 cores "
+        "if none is done"
+    ),
+)
 
 # %% ../../nbs/06a_scaling.ipynb #1a2f30b8
-def run_scaling(
-    grid='tiny',
-    preset: str = None,
-    out_dir=None,
-    fig_dir=None,
-    data_dir=None,
-    device: str = 'auto',
-    progress: bool = True,
-    lock_wait: float = 600.0,
-) -> Scaling:
-    "Train what is missing of the grid and measure it (the studies' shared runner), then write table, fits and reading."
-    plan, lock_wait = check_scaling(grid, preset, out_dir, fig_dir, device), check_lock_wait(lock_wait)
-    data = prepare_data(plan.base, data_dir=data_dir, verbose=progress)
-    if progress:
-        print(
-            f"scaling study {plan.grid}: {len(plan.points)} points x {len(plan.spec.variants)} variants = "
-            f"{len(plan.jobs)} runs in {plan.out_dir}; training estimated at "
-            f"{_wall(estimate_seconds([j.cfg for j in plan.jobs]))} on this machine's 2 cores if none is done",
-            flush=True,
-        )
-    run_jobs(scaling_jobs(plan, data, data_dir, progress), _scale_one, 1, plan.device, lock_wait)
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
-    with study_lock(plan.out_dir):
-        table = scaling_table(plan, data)
-        fits, growth = growth_table(table, plan)
-        res = Scaling(plan, table, fits, growth, reading(table, plan, fits))
-        write_results(res)
-    return res
+def run_scaling(grid='tiny', **kw) -> Scaling:
+    """`run_grid(SCALING, grid, **kw)`: train what is missing of the grid and measure it, then write table, fits and
+    reading. Keywords as `run_grid`'s (`out_dir`, `fig_dir`, `data_dir`, `device`, `progress`, `lock_wait`), with
+    `preset` (another centre than the grid's)."""
+    return run_grid(SCALING, grid, **kw)
 
 # %% ../../nbs/06a_scaling.ipynb #5637287c
 def published_table(plan: ScalingPlan, folder) -> pd.DataFrame:

@@ -11,12 +11,16 @@ import numpy as np
 from ..core.files import write_atomic
 from ..studies.claims import GATE, claims_markdown
 from ..studies.tables import to_markdown
-from .depth import DepthGrid, run_depth, depth_row, depth_table, read_depth_records, rule_r1
+import dataclasses
+from functools import partial
+from ..studies.runner import run_grid
+from .depth import DEPTH, DepthGrid, check_depth, depth_row, depth_table, publish_depth
+from .depth import read_depth_records, rule_r1
 from .depth import official_claims, ROW_COLUMNS, AT_RISK_V, PER_LOOP_CONTROLS
 
 # %% auto #0
-__all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'rule_c3', 'rule_best_exit', 'rule_c7', 'worth_rules',
-           'worth_markdown', 'write_worth', 'rebuild_worth', 'run_worth']
+__all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'WORTH', 'rule_c3', 'rule_best_exit', 'rule_c7', 'worth_rules',
+           'worth_markdown', 'write_worth', 'rebuild_worth', 'publish_worth', 'run_worth']
 
 # %% ../../nbs/06e_worth.ipynb #wor00007
 WORTH_VARIANTS = (
@@ -171,8 +175,16 @@ def rebuild_worth(folder, seeds=(1, 2, 3)) -> dict:
     "Every table and rule of a depth-worth study rebuilt from its `records/` alone (`seeds`: the design's)."
     return write_worth(folder, read_depth_records(folder), seeds)
 
+# %% ../../nbs/06e_worth.ipynb #wor00020b
+def publish_worth(plan, data, states: list = None) -> list:
+    "`publish_depth` with the worth study's tables (`rebuild_worth` over the plan's seeds): how `WORTH` ends."
+    return publish_depth(plan, data, states, rebuild=lambda folder: rebuild_worth(folder, plan.spec.seeds))
+
+
+WORTH = dataclasses.replace(DEPTH, name='worth', check=partial(check_depth, grids=WORTH_GRIDS), finish=publish_worth)
+
 
 def run_worth(grid='worth-tiny', **kw) -> list:
-    "`run_depth` on `WORTH_GRIDS` (keywords as there: out_dir, device, workers, arms, ...), rebuilt by `rebuild_worth`."
-    seeds = (grid if isinstance(grid, DepthGrid) else WORTH_GRIDS.get(grid, DepthGrid('', 1, 0))).seeds
-    return run_depth(grid, grids=WORTH_GRIDS, rebuild=lambda folder: rebuild_worth(folder, seeds), **kw)
+    """`run_grid(WORTH, grid, **kw)`: the depth study on `WORTH_GRIDS`, its tables and rules rebuilt by `rebuild_worth`;
+    the records. Keywords as `run_depth`'s (`out_dir`, `device`, `workers`, `arms`, ...)."""
+    return run_grid(WORTH, grid, **kw)

@@ -6,11 +6,12 @@ results go."""
 
 # %% ../../nbs/04a_runner.ipynb #a5e1c004
 from __future__ import annotations
-import ast, contextlib, importlib.util, numbers, os, queue, sys, time
+import ast, contextlib, importlib, importlib.util, numbers, os, queue, sys, time
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Callable
 import torch
 from ..core.config import DEVICES, ConfigError, settings_path
 from ..training.data import prepare_data
@@ -33,8 +34,9 @@ from ..training.rundir import run_status, RunDirError, latest_checkpoint
 # %% auto #0
 __all__ = ['STUDY_LOCK_WAIT', 'EXECUTORS', 'repo_root', 'repo_relative', 'check_folder', 'default_workers', 'check_device',
            'check_workers', 'grid_dirs', 'WorkerError', 'check_spawn_guard', 'job_data', 'check_lock_wait',
-           'study_lock', 'work_when_free', 'run_jobs', 'run_plan_jobs', 'expected_speed', 'data_key', 'cache_files',
-           'prepare_once', 'DataNotReady', 'check_executor', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
+           'study_lock', 'work_when_free', 'run_jobs', 'run_plan_jobs', 'plan_data', 'GridStudy', 'import_work',
+           'run_grid', 'expected_speed', 'data_key', 'cache_files', 'prepare_once', 'DataNotReady', 'check_executor',
+           'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
 
 # %% ../../nbs/04a_runner.ipynb #ae478dee
 def repo_root() -> Path:
@@ -321,6 +323,64 @@ def run_plan_jobs(plan, work, data, data_dir, lock_wait: float, progress: bool, 
     states = run_jobs(jobs, work, plan.workers, plan.device, lock_wait)
     Path(plan.out_dir).mkdir(parents=True, exist_ok=True)
     return states
+
+# %% ../../nbs/04a_runner.ipynb #b1d9e201
+def plan_data(plan, data_dir=None, progress: bool = False):
+    "A grid plan's token data: its base config's corpus, prepared once (the cache is read when it holds it)."
+    return prepare_data(plan.base, data_dir=data_dir, verbose=progress)
+
+
+@dataclass(frozen=True)
+class GridStudy:
+    """A grid study as data for `run_grid`: `check(grid, out_dir, fig_dir, device, workers, **options)` the plan;
+    `work` 'module:function' run on each job (a spawned worker imports it); `fields(plan)` the job fields of the
+    measurement; `finish(plan, data, states)` the study's result, under the study lock; `describe(plan)` the progress
+    line; `data(plan, data_dir, progress)` the token data."""
+
+    name: str
+    check: Callable
+    work: str
+    fields: Callable
+    finish: Callable
+    describe: Callable
+    data: Callable = plan_data
+
+
+def import_work(ref: str):
+    "The function `ref` names ('package.module:function'): what a spawned worker can import, never a notebook's own."
+    module, _, name = str(ref).partition(':')
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(
+            f"work {ref!r} must name a module-level function as 'package.module:function' ({e})."
+        ) from None
+
+# %% ../../nbs/04a_runner.ipynb #b1d9e204
+def run_grid(
+    study: GridStudy,
+    grid='tiny',
+    out_dir=None,
+    fig_dir=None,
+    data_dir=None,
+    device: str = 'auto',
+    workers: int = None,
+    progress: bool = True,
+    lock_wait: float = 600.0,
+    **options,
+):
+    """Train and measure what is missing of `study`'s `grid` (`workers` processes, each run under its lock; nothing
+    finished is trained or measured again), then `study.finish` under the study lock: the study's result. `options`:
+    the study's own (depth: `grids`, `arms`; scaling: `preset`). `out_dir`, `fig_dir`: None = the study's defaults."""
+    plan, lock_wait = study.check(grid, out_dir, fig_dir, device, workers, **options), check_lock_wait(lock_wait)
+    work = import_work(study.work)
+    check_spawn_guard(plan.workers)
+    data = study.data(plan, data_dir, progress)
+    if progress:
+        print(f"{study.name} study {plan.grid}: {study.describe(plan)}", flush=True)
+    states = run_plan_jobs(plan, work, data, data_dir, lock_wait, progress, **study.fields(plan))
+    with study_lock(plan.out_dir):
+        return study.finish(plan, data, states)
 
 # %% ../../nbs/04a_runner.ipynb #3d68c1f1
 GPU_BENCH = Path('benchmarks') / 'results' / 'gpu.json'
