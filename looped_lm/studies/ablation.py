@@ -269,7 +269,8 @@ def _publish_locked(st: Study, states: list, outcomes, device, data) -> Ablation
 class Ablation:
     """What a study made of its records: the `study` (what and where), one record per run, every table (`skipped`: why a
     table was not made) and the claims, all of these records; `published`: whether its folder holds them (False:
-    publishing was refused, see `publish`); `plan`: a `plan_only` call's plan, nothing else."""
+    publishing was refused, see `publish`); `plan`: a `plan_only` call's plan, nothing else; `throughput`: the study's
+    measured tokens/s per exit (None when measured nowhere here). The figures draw from it (`make_figures`)."""
 
     study: Study
     records: list = field(default_factory=list)
@@ -278,6 +279,7 @@ class Ablation:
     claims: dict | None = None
     published: bool = False
     plan: object = None
+    throughput: list | None = None
 
     def table_markdown(self, name: str) -> str:
         "Table `name` as Markdown, or the line saying why it was skipped."
@@ -364,7 +366,8 @@ def publish(records, st: Study, throughput=None) -> Ablation:
             f"again when they are free; delete {st.study_dir / 'records.json'} to publish fewer runs on purpose."
         )
         tables, skipped = build_tables(records, throughput)
-        return Ablation(st, records, tables, skipped, evaluate_claims(records, st.preset), published=False)
+        claims = evaluate_claims(records, st.preset)
+        return Ablation(st, records, tables, skipped, claims, published=False, throughput=throughput)
     sweep_stale_tmp(st.study_dir)
     write_atomic(
         st.study_dir / 'records.json',
@@ -374,4 +377,5 @@ def publish(records, st: Study, throughput=None) -> Ablation:
         st.study_dir / 'study.json', json.dumps(dict(preset=st.preset, variants=st.variants, seeds=st.seeds), indent=1)
     )
     tables, skipped = write_tables(records, st.study_dir, throughput)
-    return Ablation(st, records, tables, skipped, write_claims(records, st.study_dir), published=True)
+    claims = write_claims(records, st.study_dir)
+    return Ablation(st, records, tables, skipped, claims, published=True, throughput=throughput)

@@ -18,13 +18,15 @@ from ..model.lemmas import radial_fraction
 from ..model.looped import LoopedLMConfig, forward_flops_per_token
 from .variants import VARIANTS, check_variants, check_seeds
 from .tables import endpoint, read_throughput
-from .ablation import collect
+from .ablation import Ablation, collect
+from ..core.config import ConfigError
 import matplotlib
 from .tables import endpoint_correlations
 
 # %% auto #0
-__all__ = ['STYLE', 'METADATA', 'FIGURES', 'ResultsError', 'variant_order', 'palette', 'Results', 'load_results', 'figure_bytes',
-           'check_fig_dir', 'save', 'FigureSkipped', 'measured_throughput', 'FigureSet', 'make_figures']
+__all__ = ['STYLE', 'METADATA', 'FIGURES', 'ResultsError', 'variant_order', 'palette', 'Results', 'results_of', 'load_results',
+           'figure_bytes', 'check_fig_dir', 'save', 'FigureSkipped', 'measured_throughput', 'FigureSet', 'draw_figures',
+           'make_figures']
 
 # %% ../../nbs/04e_figures.ipynb #ec5b1246
 class ResultsError(RuntimeError):
@@ -77,27 +79,36 @@ class Results:
         return {v: rs for v, rs in self.runs.items() if all(ok(r['diag']) for r in rs)}
 
 # %% ../../nbs/04e_figures.ipynb #fa714abc
+def results_of(records, out_dir, throughput=None, found=None, variants=None) -> Results:
+    """A `Results` of the ablation's records (`collect`'s, or an `Ablation`'s): the finished runs by variant; a run not
+    finished is a note (`found`: only those whose folder exists), as is a variant (`variants`) with no finished run."""
+    runs, notes = {}, []
+    for r in records:
+        if r['status'] != 'done':
+            if found is None or (r['variant'], r['seed']) in found:
+                notes.append(f"{r['variant']} seed {r['seed']}: left out ({r['status']}; {RERUN}).")
+            continue
+        runs.setdefault(r['variant'], []).append(
+            dict(seed=r['seed'], run_dir=Path(r['run_dir']), diag=r['diag'], metrics=r['metrics'], config=r['config'])
+        )
+    names = variants if variants is not None else list(dict.fromkeys(r['variant'] for r in records))
+    notes += [f"{v}: no finished run in {out_dir}." for v in names if v not in runs]
+    return Results(Path(out_dir), runs, throughput, notes)
+
+
 def load_results(out_dir, variants=None, seeds=None) -> Results:
-    """The finished, diagnosed runs of `out_dir` (default: every run folder there), read through the ablation's
-    `collect`."""
+    """The finished, diagnosed runs of the results folder `out_dir` (default: every run folder there), read through
+    the ablation's `collect`."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         raise ResultsError(f"{out_dir} is not a results folder; run nbs/05_ablation.ipynb into it first.")
     found, other = found_runs(out_dir)
     names = check_variants(variants) if variants is not None else variant_order({v for v, _ in found})
     want = check_seeds(seeds, []) if seeds is not None else sorted({s for _, s in found})
-    notes = [f"run folders of no known variant left out: {', '.join(other)}."] if other else []
-    runs = {}
-    for r in collect(out_dir, names, want) if names and want else []:
-        if r['status'] != 'done':
-            if (r['variant'], r['seed']) in found:
-                notes.append(f"{r['variant']} seed {r['seed']}: left out ({r['status']}; {RERUN}).")
-            continue
-        runs.setdefault(r['variant'], []).append(
-            dict(seed=r['seed'], run_dir=Path(r['run_dir']), diag=r['diag'], metrics=r['metrics'], config=r['config'])
-        )
-    notes += [f"{v}: no finished run in {out_dir}." for v in names if v not in runs]
-    return Results(out_dir, runs, read_throughput(out_dir), notes)
+    records = collect(out_dir, names, want) if names and want else []
+    res = results_of(records, out_dir, read_throughput(out_dir), found, names)
+    res.notes[:0] = [f"run folders of no known variant left out: {', '.join(other)}."] if other else []
+    return res
 
 # %% ../../nbs/04e_figures.ipynb #2a824943
 STYLE = dict(context='paper', style='whitegrid', font_scale=1.1)
@@ -571,20 +582,8 @@ class FigureSet(list):
         self.drawn, self.skipped = drawn, skipped
 
 # %% ../../nbs/04e_figures.ipynb #ee6a2bce
-def make_figures(
-    out_dir, fig_dir=None, variants=None, seeds=None, show: bool = False, verbose: bool = True
-) -> FigureSet:
-    """Draw every figure that the results in `out_dir` allow into `fig_dir` (default `out_dir/figures`); say what was
-    skipped and why."""
-    fig_dir = check_fig_dir(fig_dir if fig_dir is not None else Path(out_dir) / 'figures')  # refused before any reading
-    res = load_results(out_dir, variants, seeds)
-    if not res.runs:
-        raise ResultsError(
-            f"No finished runs in {out_dir}{' (' + '; '.join(res.notes) + ')' if res.notes else ''}; "
-            'run nbs/05_ablation.ipynb first.'
-        )
-    if verbose:
-        print(''.join(f'note: {n}\n' for n in res.notes), end='')
+def draw_figures(res: Results, fig_dir, show: bool = False, verbose: bool = True) -> FigureSet:
+    "Every figure of `FIGURES` that `res` allows, written into `fig_dir`; a skipped one's old files removed."
     drawn, skipped = {}, {}
     with sns.axes_style(STYLE['style']), sns.plotting_context(STYLE['context'], font_scale=STYLE['font_scale']):
         for name, draw in FIGURES.items():
@@ -602,3 +601,26 @@ def make_figures(
                 plt.show()
             plt.close(fig)
     return FigureSet(drawn, skipped)
+
+# %% ../../nbs/04e_figures.ipynb #ee6a2bcf
+def make_figures(study, fig_dir=None, variants=None, seeds=None, show: bool = False, verbose: bool = True) -> FigureSet:
+    """Draw every figure that a study's results allow into `fig_dir`; say what was skipped and why. `study`: the
+    `Ablation` that `run_ablation` returned (drawn from its records, nothing read again; `fig_dir` default: its own), or
+    a results folder, read back (`variants`, `seeds`: only these; `fig_dir` default: `out_dir/figures`)."""
+    if isinstance(study, Ablation):
+        if variants is not None or seeds is not None:
+            raise ConfigError("an Ablation is drawn whole: to draw some variants or seeds, pass its results folder.")
+        st = study.study
+        fig_dir = check_fig_dir(fig_dir if fig_dir is not None else st.fig_dir)  # refused before any drawing
+        res = results_of(study.records, st.out_dir, study.throughput, variants=st.variants)
+    else:
+        fig_dir = check_fig_dir(fig_dir if fig_dir is not None else Path(study) / 'figures')  # before any reading
+        res = load_results(study, variants, seeds)
+    if not res.runs:
+        raise ResultsError(
+            f"No finished runs in {res.out_dir}{' (' + '; '.join(res.notes) + ')' if res.notes else ''}; "
+            'run nbs/05_ablation.ipynb first.'
+        )
+    if verbose:
+        print(''.join(f'note: {n}\n' for n in res.notes), end='')
+    return draw_figures(res, fig_dir, show, verbose)
