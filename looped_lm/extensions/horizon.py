@@ -597,46 +597,34 @@ def analyse(plan: HorizonPlan, table: pd.DataFrame, states: list = ()) -> Horizo
 NOT_CARRIED = (
     "not carried to the paper's clocks: a law flagged not usable (out-of-sample error ≥ ln 2) predicts nothing\n"
 )
+HORIZON_MD = ['lr_steps', 'norm', 'norm_rms', 'growth', 'radial', 'gain', 'clamp freeze_loop1', 'clamp remove_radial']
+HORIZON_MD += ['hill', 'p99/median', 'halt loops', 'c6']  # the columns `horizon.md` shows, when the table has them
+
+
+def drift_markdown(law: dict | None) -> str:
+    "`drift.md`: the drift law's sentence and per-seed fits, then its values at the paper's clocks (if usable)."
+    if law is None:
+        return 'no fit yet\n'
+    return (
+        f"clock {law['clock']}, fitted on steps <= {law['split_step']}: exponent {law['exponent'][0]:.3f} "
+        f"(95% over seeds {law['exponent'][1]:.3f} to {law['exponent'][2]:.3f}); error in-sample "
+        f"{law['err_in']:.3f}, out-of-sample {law['err_out']:.3f} (usable: {law['usable']})\n\n"
+        + to_markdown(law['seeds'])
+        + '\n'
+        + (to_markdown(law['carry']) if law['usable'] else NOT_CARRIED)
+    )
 
 
 def write_horizon(res: Horizon):
     "The table and the analyses into the study folder (CSV with every column, Markdown to read)."
     out, t = res.plan.out_dir, res.table
     write_atomic(out / 'horizon.csv', t.to_csv(index=False))
-    cols = [
-        'lr_steps',
-        'norm',
-        'norm_rms',
-        'growth',
-        'radial',
-        'gain',
-        'clamp freeze_loop1',
-        'clamp remove_radial',
-        'hill',
-        'p99/median',
-        'halt loops',
-        'c6',
-    ]
     if len(t):
-        write_atomic(
-            out / 'horizon.md', to_markdown(t.set_index(['lr', 'variant', 'seed', 'step'])[[c for c in cols if c in t]])
-        )
+        md = t.set_index(['lr', 'variant', 'seed', 'step'])[[c for c in HORIZON_MD if c in t]]
+        write_atomic(out / 'horizon.md', to_markdown(md))
     for name, df in (('collapse', res.collapse), ('dose', res.dose)):
         write_atomic(out / f'{name}.md', to_markdown(df) if len(df) else 'no result yet\n')
-    law = res.law
-    text = (
-        'no fit yet\n'
-        if law is None
-        else (
-            f"clock {law['clock']}, fitted on steps <= {law['split_step']}: exponent {law['exponent'][0]:.3f} "
-            f"(95% over seeds {law['exponent'][1]:.3f} to {law['exponent'][2]:.3f}); error in-sample "
-            f"{law['err_in']:.3f}, out-of-sample {law['err_out']:.3f} (usable: {law['usable']})\n\n"
-            + to_markdown(law['seeds'])
-            + '\n'
-            + (to_markdown(law['carry']) if law['usable'] else NOT_CARRIED)
-        )
-    )
-    write_atomic(out / 'drift.md', text)
+    write_atomic(out / 'drift.md', drift_markdown(res.law))
 
 # %% ../../nbs/06c_horizon.ipynb #732d904e
 def finish_horizon(plan: HorizonPlan, data, states: list) -> Horizon:

@@ -22,8 +22,123 @@ from contextlib import suppress
 import dataclasses
 
 # %% auto #0
-__all__ = ['linear_ce', 'HubFolderError', 'LoopedLMConfig', 'LoopedOutput', 'LoopedLM', 'num_params', 'forward_flops_per_token',
-           'train_flops_per_token', 'saved_tensor_bytes']
+__all__ = ['LoopedLMConfig', 'linear_ce', 'LoopedOutput', 'LoopedLM', 'num_params', 'forward_flops_per_token',
+           'train_flops_per_token', 'saved_tensor_bytes', 'HubFolderError']
+
+# %% ../../nbs/01_model.ipynb #0c479aa1
+@dataclass(frozen=True)
+class LoopedLMConfig:
+    "Architecture of a `LoopedLM`."
+
+    vocab_size: int = 512
+    d_model: int = 64
+    n_layers: int = 1  # L: blocks in the shared stack
+    n_heads: int = 2
+    mlp_ratio: float = 4.0
+    max_seq_len: int = 64
+    K: int = 4  # loops
+    readout: str = 'rmsnorm'  # rmsnorm | layernorm | raw | final_norm
+    recurrence: str = 'plain'  # plain | internorm
+    tie_weights: bool = True
+    norm_eps: float = 1e-6
+    mlp: str = 'gelu'  # gelu | swiglu
+    dropout: float = 0.0  # after the embedding sum, on attention probabilities, on the MLP output
+    init: str = 'gpt2'  # gpt2 | torch
+
+    def __post_init__(self):
+        validate_values(self)  # the rules and messages of a preset's model keys (00_config)
+
+    @classmethod
+    def from_experiment(cls, cfg: ExperimentConfig) -> 'LoopedLMConfig':
+        "The model part of an experiment preset."
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+# %% ../../nbs/01_model.ipynb #a097285b
+def make_norm(kind: str, d: int, eps: float) -> nn.Module:
+    "A scale-invariant norm with a learned gain: `rmsnorm` or `layernorm`."
+    if kind == 'rmsnorm':
+        return nn.RMSNorm(d, eps=eps)
+    if kind == 'layernorm':
+        return nn.LayerNorm(d, eps=eps)
+    raise ConfigError(f"No norm called {kind!r}; use rmsnorm or layernorm.")
+
+
+def _dropout(x, p: float, training: bool):
+    "Dropout that is not even called when it cannot act (p = 0 or eval), so it draws no random numbers then."
+    return F.dropout(x, p, True) if p > 0 and training else x
+
+# %% ../../nbs/01_model.ipynb #ac2ff6ce
+class LayerCache:
+    "Keys and values (B, heads, positions, head_dim) of one attention layer at one loop, grown as tokens arrive."
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def __len__(self):
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k, v):
+        "Add the keys and values of new positions (dim 2); return all of them so far."
+        self.k, self.v = (k, v) if self.k is None else (torch.cat([self.k, k], 2), torch.cat([self.v, v], 2))
+        return self.k, self.v
+
+# %% ../../nbs/01_model.ipynb #d67244cc
+class CausalSelfAttention(nn.Module):
+    "Multi-head causal self-attention without biases; with a `LayerCache`, new queries attend to cached keys too."
+
+    def __init__(self, c: LoopedLMConfig):
+        super().__init__()
+        self.n_heads, self.dropout = c.n_heads, c.dropout
+        self.qkv = nn.Linear(c.d_model, 3 * c.d_model, bias=False)
+        self.proj = nn.Linear(c.d_model, c.d_model, bias=False)
+
+    def forward(self, x, cache: LayerCache = None):
+        "Attention output (B, T, D) of `x`, whose first position follows the `len(cache)` cached ones."
+        B, T, D = x.shape
+        # split, then one transpose per tensor: its backward is a single concatenation (a permute of a
+        # (B, T, 3, H, hd) view would cost a stack and a copy)
+        q, k, v = (t.view(B, T, self.n_heads, D // self.n_heads).transpose(1, 2) for t in self.qkv(x).split(D, dim=2))
+        p = self.dropout if self.training else 0.0
+        past = 0 if cache is None else len(cache)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        if past == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        else:  # query i sits at position past + i: it sees keys 0..past + i
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        return self.proj(y.transpose(1, 2).reshape(B, T, D))
+
+# %% ../../nbs/01_model.ipynb #3da9c8ee
+class MLP(nn.Module):
+    "GELU MLP `proj(gelu(fc x))` or SwiGLU `proj(silu(fc x) * gate x)`, hidden int(mlp_ratio*d), no biases."
+
+    def __init__(self, c: LoopedLMConfig):
+        super().__init__()
+        h = int(c.mlp_ratio * c.d_model)
+        self.swiglu, self.dropout = c.mlp == 'swiglu', c.dropout
+        self.fc, self.proj = nn.Linear(c.d_model, h, bias=False), nn.Linear(h, c.d_model, bias=False)
+        if self.swiglu:
+            self.gate = nn.Linear(c.d_model, h, bias=False)
+
+    def forward(self, x):
+        "The MLP of `x`, then dropout."
+        y = self.proj(F.silu(self.fc(x)) * self.gate(x) if self.swiglu else F.gelu(self.fc(x)))
+        return _dropout(y, self.dropout, self.training)
+
+
+class Block(nn.Module):
+    "Pre-norm decoder block: h + attn(norm1(h)), then + mlp(norm2(.))."
+
+    def __init__(self, c: LoopedLMConfig):
+        super().__init__()
+        self.norm1, self.attn = nn.RMSNorm(c.d_model, eps=c.norm_eps), CausalSelfAttention(c)
+        self.norm2, self.mlp = nn.RMSNorm(c.d_model, eps=c.norm_eps), MLP(c)
+
+    def forward(self, h, cache: LayerCache = None):
+        "One block applied to `h` (with `cache`: the positions after the cached ones)."
+        h = h + self.attn(self.norm1(h), cache)
+        return h + self.mlp(self.norm2(h))
 
 # %% ../../nbs/01_model.ipynb #d8388970
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -91,127 +206,28 @@ def linear_ce(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chun
         return _LinearCE.apply(x, weight, t, chunk)
     return _ce_chunks(x, weight, t, chunk, grads=False)[0] / len(t)
 
-# %% ../../nbs/01_model.ipynb #ac2ff6ce
-class LayerCache:
-    "Keys and values (B, heads, positions, head_dim) of one attention layer at one loop, grown as tokens arrive."
+# %% ../../nbs/01_model.ipynb #fc6b0c7a
+@dataclass
+class LoopedOutput:
+    "What `LoopedLM.forward` returns: every loop's hidden state, the last loop's logits, every loop's loss."
 
-    def __init__(self):
-        self.k = self.v = None
+    hidden: list  # [H_1, ..., H_k], each (B, T, d)
+    logits: torch.Tensor  # readout of H_k (None when targets are given and logits were not asked for)
+    losses: torch.Tensor  # (k,) cross-entropy of each loop's readout; None without targets
 
-    def __len__(self):
-        return 0 if self.k is None else self.k.shape[2]
+    @property
+    def loss(self):
+        "The loss of the last loop run (None without targets)."
+        return None if self.losses is None else self.losses[-1]
 
-    def append(self, k, v):
-        "Add the keys and values of new positions (dim 2); return all of them so far."
-        self.k, self.v = (k, v) if self.k is None else (torch.cat([self.k, k], 2), torch.cat([self.v, v], 2))
-        return self.k, self.v
+# %% ../../nbs/01_model.ipynb #fc6b0c7b
+def _wide(h):
+    return h if h.dtype in (torch.float32, torch.float64) else h.float()  # reductions in >= float32
 
-# %% ../../nbs/01_model.ipynb #b1aace01
-def _exit_mask(halting, logits, k: int, k_max: int) -> torch.Tensor:
-    "Bool (B,): the sequences whose token is read out at loop `k` (all of them at the last loop)."
-    B = logits.shape[0]
-    if k == k_max:
-        return torch.ones(B, dtype=torch.bool, device=logits.device)
-    if halting is None:
-        return torch.zeros(B, dtype=torch.bool, device=logits.device)
-    m = torch.as_tensor(halting(logits, k), device=logits.device)
-    if m.shape != (B,) or m.dtype != torch.bool:
-        raise ValueError(
-            f"halting(logits, k) must return a bool tensor of shape ({B},), got {m.dtype} {tuple(m.shape)}."
-        )
-    return m
 
-# %% ../../nbs/01_model.ipynb #e358f13e
-def _next_token_logits(model, idx_new, start: int, caches, k_max: int, halting):
-    "(logits (B, V), exit loop (B,)) of the last position of `idx_new`, each sequence read out at its exit loop."
-    h = model.embed(idx_new, start)
-    out, exits = None, torch.zeros(idx_new.shape[0], dtype=torch.long, device=idx_new.device)
-    for k in range(1, k_max + 1):
-        if k > 1:
-            h = model.feed(h)
-        h = model.loop(h, None if caches is None else caches[k - 1])
-        if (exits > 0).all():
-            continue  # every token chosen: the remaining loops only fill their caches
-        logits = model.readout(h[:, -1], k).float()
-        new = _exit_mask(halting, logits, k, k_max) & (exits == 0)
-        out = torch.where(new[:, None], logits, logits if out is None else out)
-        exits[new] = k
-    return out, exits
-
-# %% ../../nbs/01_model.ipynb #91aed766
-def _sample(logits, temperature: float, generator):
-    if temperature == 0:
-        return logits.argmax(-1)
-    return torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
-
-# %% ../../nbs/01_model.ipynb #a01d6746
-def _check_generate_args(model, idx, max_new_tokens, temperature, halting):
-    "Refuse unusable `generate` arguments before any compute, with the fix in the message."
-    V = model.config.vocab_size
-    if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.dtype != torch.long or 0 in idx.shape:
-        got = f"{idx.dtype} {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
-        raise ValueError(f"idx must be a non-empty (B, T) int64 tensor of token ids, got {got}.")
-    lo, hi = int(idx.min()), int(idx.max())
-    if lo < 0 or hi >= V:
-        raise ValueError(
-            f"idx holds token id {lo if lo < 0 else hi}, outside the model's vocabulary 0..{V - 1}: encode the "
-            "prompt with the tokenizer the model was trained with."
-        )
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise TypeError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}.")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}.")
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(
-            f"temperature must be finite and >= 0 (0: greedy, 1: the model's own distribution), got {temperature}."
-        )
-    if halting is not None and not callable(halting):
-        raise TypeError(
-            f"halting must be None or a callable (logits, k) -> bool mask (B,), got {halting!r} "
-            "(e.g. `halting.halting_policy`)."
-        )
-
-# %% ../../nbs/01_model.ipynb #adb11100
-@torch.no_grad()
-def _generate(
-    self,
-    idx,
-    max_new_tokens: int,
-    exit_k: int = None,
-    temperature: float = 0.0,
-    generator=None,
-    halting=None,
-    use_cache: bool = True,
-    return_exits: bool = False,
-):
-    "Extend `idx` (B, T) by `max_new_tokens` tokens read out at loop `exit_k` (or where `halting` says)."
-    k_max = self._check_exit(exit_k)
-    _check_generate_args(self, idx, max_new_tokens, temperature, halting)
-    need = idx.shape[1] + max_new_tokens - 1  # positions fed to the model (the last new token is not fed back)
-    if need > self.config.max_seq_len:
-        raise ValueError(
-            f"A prompt of {idx.shape[1]} tokens plus {max_new_tokens} new ones needs {need} positions, but the model "
-            f"has max_seq_len={self.config.max_seq_len}: shorten the prompt or ask for fewer tokens."
-        )
-    was_training, exits = self.training, []
-    self.eval()
-    caches = [[LayerCache() for _ in self.stack] for _ in range(k_max)] if use_cache else None
-    try:
-        seq, fed = idx, 0
-        for _ in range(max_new_tokens):
-            new = seq[:, fed:] if use_cache else seq
-            logits, ex = _next_token_logits(self, new, fed if use_cache else 0, caches, k_max, halting)
-            if use_cache:
-                fed = seq.shape[1]
-            seq = torch.cat([seq, _sample(logits, temperature, generator)[:, None]], 1)
-            exits.append(ex)
-    finally:
-        self.train(was_training)
-    if not return_exits:
-        return seq
-    return seq, (torch.stack(exits, 1) if exits else torch.zeros(idx.shape[0], 0, dtype=torch.long, device=idx.device))
+def unit_rms(h: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    "Each token's state divided by its RMS: the parameter-free inter-loop normalization."
+    return h * torch.rsqrt(_wide(h).pow(2).mean(-1, keepdim=True) + eps).to(h.dtype)
 
 # %% ../../nbs/01_model.ipynb #07bead05
 MODEL_CARD = """---
@@ -235,166 +251,6 @@ Blind Spot in Looped Language Models" (official code: Rituraj003/readout-blind-s
 {% endfor %}
 Load it with `LoopedLM.from_pretrained(path_or_repo)` (package `looped_lm`).
 """
-
-# %% ../../nbs/01_model.ipynb #2d1020d8
-class HubFolderError(ValueError):
-    "A saved model (folder or Hub repository) that `from_pretrained` cannot load; the message names the file and fix."
-
-
-_RESAVE = "re-save the model with `save_pretrained` (or copy the file back from where it was saved)"
-
-# %% ../../nbs/01_model.ipynb #f9d62bee
-def _read_config(folder: Path) -> dict:
-    "The parsed `config.json` of a local model folder, or a `HubFolderError` naming the file and the fix."
-    path = folder / 'config.json'
-    if not path.is_file():
-        raise HubFolderError(
-            f"{path} is missing: a saved LoopedLM folder holds config.json and model.safetensors; {_RESAVE}."
-        )
-    try:
-        return json.loads(path.read_text(encoding='utf-8'))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HubFolderError(f"{path} is not valid JSON ({e}); {_RESAVE}.") from None
-
-# %% ../../nbs/01_model.ipynb #05189276
-def _check_repo_id(name):
-    "Refuse a name that is no local folder and no Hub repository id, before anything is downloaded."
-    s = str(name)
-    local = isinstance(name, Path) or os.path.isabs(s) or s.startswith(('.', '~')) or s.count('/') != 1
-    if local or os.path.exists(s) or Path(s).parent.is_dir():
-        raise HubFolderError(
-            f"No model folder at {s}: give the folder `save_pretrained` wrote (check the path for typos) or a Hub "
-            "repository id 'namespace/name'."
-        )
-    try:
-        validate_repo_id(s)
-    except HFValidationError as e:
-        raise HubFolderError(
-            f"{s!r} is neither a model folder nor a Hub repository id ('namespace/name'): {e}"
-        ) from None
-
-# %% ../../nbs/01_model.ipynb #0c479aa1
-@dataclass(frozen=True)
-class LoopedLMConfig:
-    "Architecture of a `LoopedLM`."
-
-    vocab_size: int = 512
-    d_model: int = 64
-    n_layers: int = 1  # L: blocks in the shared stack
-    n_heads: int = 2
-    mlp_ratio: float = 4.0
-    max_seq_len: int = 64
-    K: int = 4  # loops
-    readout: str = 'rmsnorm'  # rmsnorm | layernorm | raw | final_norm
-    recurrence: str = 'plain'  # plain | internorm
-    tie_weights: bool = True
-    norm_eps: float = 1e-6
-    mlp: str = 'gelu'  # gelu | swiglu
-    dropout: float = 0.0  # after the embedding sum, on attention probabilities, on the MLP output
-    init: str = 'gpt2'  # gpt2 | torch
-
-    def __post_init__(self):
-        validate_values(self)  # the rules and messages of a preset's model keys (00_config)
-
-    @classmethod
-    def from_experiment(cls, cfg: ExperimentConfig) -> 'LoopedLMConfig':
-        "The model part of an experiment preset."
-        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
-
-# %% ../../nbs/01_model.ipynb #a097285b
-def make_norm(kind: str, d: int, eps: float) -> nn.Module:
-    "A scale-invariant norm with a learned gain: `rmsnorm` or `layernorm`."
-    if kind == 'rmsnorm':
-        return nn.RMSNorm(d, eps=eps)
-    if kind == 'layernorm':
-        return nn.LayerNorm(d, eps=eps)
-    raise ConfigError(f"No norm called {kind!r}; use rmsnorm or layernorm.")
-
-
-def _dropout(x, p: float, training: bool):
-    "Dropout that is not even called when it cannot act (p = 0 or eval), so it draws no random numbers then."
-    return F.dropout(x, p, True) if p > 0 and training else x
-
-# %% ../../nbs/01_model.ipynb #d67244cc
-class CausalSelfAttention(nn.Module):
-    "Multi-head causal self-attention without biases; with a `LayerCache`, new queries attend to cached keys too."
-
-    def __init__(self, c: LoopedLMConfig):
-        super().__init__()
-        self.n_heads, self.dropout = c.n_heads, c.dropout
-        self.qkv = nn.Linear(c.d_model, 3 * c.d_model, bias=False)
-        self.proj = nn.Linear(c.d_model, c.d_model, bias=False)
-
-    def forward(self, x, cache: LayerCache = None):
-        "Attention output (B, T, D) of `x`, whose first position follows the `len(cache)` cached ones."
-        B, T, D = x.shape
-        # split, then one transpose per tensor: its backward is a single concatenation (a permute of a
-        # (B, T, 3, H, hd) view would cost a stack and a copy)
-        q, k, v = (t.view(B, T, self.n_heads, D // self.n_heads).transpose(1, 2) for t in self.qkv(x).split(D, dim=2))
-        p = self.dropout if self.training else 0.0
-        past = 0 if cache is None else len(cache)
-        if cache is not None:
-            k, v = cache.append(k, v)
-        if past == 0:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
-        else:  # query i sits at position past + i: it sees keys 0..past + i
-            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        return self.proj(y.transpose(1, 2).reshape(B, T, D))
-
-# %% ../../nbs/01_model.ipynb #3da9c8ee
-class MLP(nn.Module):
-    "GELU MLP `proj(gelu(fc x))` or SwiGLU `proj(silu(fc x) * gate x)`, hidden int(mlp_ratio*d), no biases."
-
-    def __init__(self, c: LoopedLMConfig):
-        super().__init__()
-        h = int(c.mlp_ratio * c.d_model)
-        self.swiglu, self.dropout = c.mlp == 'swiglu', c.dropout
-        self.fc, self.proj = nn.Linear(c.d_model, h, bias=False), nn.Linear(h, c.d_model, bias=False)
-        if self.swiglu:
-            self.gate = nn.Linear(c.d_model, h, bias=False)
-
-    def forward(self, x):
-        "The MLP of `x`, then dropout."
-        y = self.proj(F.silu(self.fc(x)) * self.gate(x) if self.swiglu else F.gelu(self.fc(x)))
-        return _dropout(y, self.dropout, self.training)
-
-
-class Block(nn.Module):
-    "Pre-norm decoder block: h + attn(norm1(h)), then + mlp(norm2(.))."
-
-    def __init__(self, c: LoopedLMConfig):
-        super().__init__()
-        self.norm1, self.attn = nn.RMSNorm(c.d_model, eps=c.norm_eps), CausalSelfAttention(c)
-        self.norm2, self.mlp = nn.RMSNorm(c.d_model, eps=c.norm_eps), MLP(c)
-
-    def forward(self, h, cache: LayerCache = None):
-        "One block applied to `h` (with `cache`: the positions after the cached ones)."
-        h = h + self.attn(self.norm1(h), cache)
-        return h + self.mlp(self.norm2(h))
-
-# %% ../../nbs/01_model.ipynb #fc6b0c7a
-@dataclass
-class LoopedOutput:
-    "What `LoopedLM.forward` returns: every loop's hidden state, the last loop's logits, every loop's loss."
-
-    hidden: list  # [H_1, ..., H_k], each (B, T, d)
-    logits: torch.Tensor  # readout of H_k (None when targets are given and logits were not asked for)
-    losses: torch.Tensor  # (k,) cross-entropy of each loop's readout; None without targets
-
-    @property
-    def loss(self):
-        "The loss of the last loop run (None without targets)."
-        return None if self.losses is None else self.losses[-1]
-
-# %% ../../nbs/01_model.ipynb #fc6b0c7b
-def _wide(h):
-    return h if h.dtype in (torch.float32, torch.float64) else h.float()  # reductions in >= float32
-
-
-def unit_rms(h: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    "Each token's state divided by its RMS: the parameter-free inter-loop normalization."
-    return h * torch.rsqrt(_wide(h).pow(2).mean(-1, keepdim=True) + eps).to(h.dtype)
 
 # %% ../../nbs/01_model.ipynb #ac82d31a
 class LoopedLM(
@@ -555,6 +411,43 @@ def saved_tensor_bytes(fn, exclude=()) -> tuple:
         out = fn()
     return out, sum(seen.values())
 
+# %% ../../nbs/01_model.ipynb #2d1020d8
+class HubFolderError(ValueError):
+    "A saved model (folder or Hub repository) that `from_pretrained` cannot load; the message names the file and fix."
+
+
+_RESAVE = "re-save the model with `save_pretrained` (or copy the file back from where it was saved)"
+
+# %% ../../nbs/01_model.ipynb #f9d62bee
+def _read_config(folder: Path) -> dict:
+    "The parsed `config.json` of a local model folder, or a `HubFolderError` naming the file and the fix."
+    path = folder / 'config.json'
+    if not path.is_file():
+        raise HubFolderError(
+            f"{path} is missing: a saved LoopedLM folder holds config.json and model.safetensors; {_RESAVE}."
+        )
+    try:
+        return json.loads(path.read_text(encoding='utf-8'))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HubFolderError(f"{path} is not valid JSON ({e}); {_RESAVE}.") from None
+
+# %% ../../nbs/01_model.ipynb #05189276
+def _check_repo_id(name):
+    "Refuse a name that is no local folder and no Hub repository id, before anything is downloaded."
+    s = str(name)
+    local = isinstance(name, Path) or os.path.isabs(s) or s.startswith(('.', '~')) or s.count('/') != 1
+    if local or os.path.exists(s) or Path(s).parent.is_dir():
+        raise HubFolderError(
+            f"No model folder at {s}: give the folder `save_pretrained` wrote (check the path for typos) or a Hub "
+            "repository id 'namespace/name'."
+        )
+    try:
+        validate_repo_id(s)
+    except HFValidationError as e:
+        raise HubFolderError(
+            f"{s!r} is neither a model folder nor a Hub repository id ('namespace/name'): {e}"
+        ) from None
+
 # %% ../../nbs/01_model.ipynb #37c1f69c
 def config_from_dict(raw: dict, where: str = 'config.json') -> LoopedLMConfig:
     "The `LoopedLMConfig` written in a saved `config.json`, checked like a preset; `where` names the file in errors."
@@ -650,6 +543,113 @@ def _load_weights(cls, model, model_file: str, map_location: str, strict: bool):
 LoopedLM.from_pretrained, LoopedLM._from_pretrained = _from_pretrained_checked, _from_pretrained
 LoopedLM._save_pretrained, LoopedLM._load_as_safetensor = _save_weights, _load_weights
 LoopedLM.generate_model_card = _generate_model_card
+
+# %% ../../nbs/01_model.ipynb #b1aace01
+def _exit_mask(halting, logits, k: int, k_max: int) -> torch.Tensor:
+    "Bool (B,): the sequences whose token is read out at loop `k` (all of them at the last loop)."
+    B = logits.shape[0]
+    if k == k_max:
+        return torch.ones(B, dtype=torch.bool, device=logits.device)
+    if halting is None:
+        return torch.zeros(B, dtype=torch.bool, device=logits.device)
+    m = torch.as_tensor(halting(logits, k), device=logits.device)
+    if m.shape != (B,) or m.dtype != torch.bool:
+        raise ValueError(
+            f"halting(logits, k) must return a bool tensor of shape ({B},), got {m.dtype} {tuple(m.shape)}."
+        )
+    return m
+
+# %% ../../nbs/01_model.ipynb #e358f13e
+def _next_token_logits(model, idx_new, start: int, caches, k_max: int, halting):
+    "(logits (B, V), exit loop (B,)) of the last position of `idx_new`, each sequence read out at its exit loop."
+    h = model.embed(idx_new, start)
+    out, exits = None, torch.zeros(idx_new.shape[0], dtype=torch.long, device=idx_new.device)
+    for k in range(1, k_max + 1):
+        if k > 1:
+            h = model.feed(h)
+        h = model.loop(h, None if caches is None else caches[k - 1])
+        if (exits > 0).all():
+            continue  # every token chosen: the remaining loops only fill their caches
+        logits = model.readout(h[:, -1], k).float()
+        new = _exit_mask(halting, logits, k, k_max) & (exits == 0)
+        out = torch.where(new[:, None], logits, logits if out is None else out)
+        exits[new] = k
+    return out, exits
+
+# %% ../../nbs/01_model.ipynb #91aed766
+def _sample(logits, temperature: float, generator):
+    if temperature == 0:
+        return logits.argmax(-1)
+    return torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
+
+# %% ../../nbs/01_model.ipynb #a01d6746
+def _check_generate_args(model, idx, max_new_tokens, temperature, halting):
+    "Refuse unusable `generate` arguments before any compute, with the fix in the message."
+    V = model.config.vocab_size
+    if not isinstance(idx, torch.Tensor) or idx.ndim != 2 or idx.dtype != torch.long or 0 in idx.shape:
+        got = f"{idx.dtype} {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx).__name__
+        raise ValueError(f"idx must be a non-empty (B, T) int64 tensor of token ids, got {got}.")
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= V:
+        raise ValueError(
+            f"idx holds token id {lo if lo < 0 else hi}, outside the model's vocabulary 0..{V - 1}: encode the "
+            "prompt with the tokenizer the model was trained with."
+        )
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}.")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}.")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(
+            f"temperature must be finite and >= 0 (0: greedy, 1: the model's own distribution), got {temperature}."
+        )
+    if halting is not None and not callable(halting):
+        raise TypeError(
+            f"halting must be None or a callable (logits, k) -> bool mask (B,), got {halting!r} "
+            "(e.g. `halting.halting_policy`)."
+        )
+
+# %% ../../nbs/01_model.ipynb #adb11100
+@torch.no_grad()
+def _generate(
+    self,
+    idx,
+    max_new_tokens: int,
+    exit_k: int = None,
+    temperature: float = 0.0,
+    generator=None,
+    halting=None,
+    use_cache: bool = True,
+    return_exits: bool = False,
+):
+    "Extend `idx` (B, T) by `max_new_tokens` tokens read out at loop `exit_k` (or where `halting` says)."
+    k_max = self._check_exit(exit_k)
+    _check_generate_args(self, idx, max_new_tokens, temperature, halting)
+    need = idx.shape[1] + max_new_tokens - 1  # positions fed to the model (the last new token is not fed back)
+    if need > self.config.max_seq_len:
+        raise ValueError(
+            f"A prompt of {idx.shape[1]} tokens plus {max_new_tokens} new ones needs {need} positions, but the model "
+            f"has max_seq_len={self.config.max_seq_len}: shorten the prompt or ask for fewer tokens."
+        )
+    was_training, exits = self.training, []
+    self.eval()
+    caches = [[LayerCache() for _ in self.stack] for _ in range(k_max)] if use_cache else None
+    try:
+        seq, fed = idx, 0
+        for _ in range(max_new_tokens):
+            new = seq[:, fed:] if use_cache else seq
+            logits, ex = _next_token_logits(self, new, fed if use_cache else 0, caches, k_max, halting)
+            if use_cache:
+                fed = seq.shape[1]
+            seq = torch.cat([seq, _sample(logits, temperature, generator)[:, None]], 1)
+            exits.append(ex)
+    finally:
+        self.train(was_training)
+    if not return_exits:
+        return seq
+    return seq, (torch.stack(exits, 1) if exits else torch.zeros(idx.shape[0], 0, dtype=torch.long, device=idx.device))
 
 # %% ../../nbs/01_model.ipynb #13e69a09
 LoopedLM.generate = _generate

@@ -23,8 +23,8 @@ from .runner import repo_root
 
 # %% auto #0
 __all__ = ['MARGINS', 'HALT_POLICY', 'CLAMP_MODES', 'LEMMA_FIELDS', 'CLAIMS', 'CHECKS', 'REFERENCE', 'GATE', 'GATE_RUNS',
-           'GATE_FAILS', 'measures', 'Claim', 'depth_gate', 'evaluate_claims', 'claims_markdown', 'write_claims',
-           'rebuild']
+           'GATE_FAILS', 'measures', 'Claim', 'depth_gate', 'claims_section', 'preregistration', 'evaluate_claims',
+           'claims_markdown', 'write_claims', 'rebuild']
 
 # %% ../../nbs/04c_claims.ipynb #41a37bd4
 MARGINS = dict(
@@ -723,6 +723,41 @@ def record_machines(records) -> dict:
     return out
 
 # %% ../../nbs/04c_claims.ipynb #56091827
+def claims_section(label: str, records, names: list, ref: list, choice: dict | None, judged: bool) -> dict:
+    """One section of the claims file over the variants `names` (its depth gate also reads the reference runs `ref`):
+    evaluated when `judged`, else every claim not measured; `choice`: the preset's choice record, which adds tags."""
+    gate = depth_gate([r for r in records if r['variant'] in names] + ref) if judged else {}
+    both = claim_set(records, names, gate) if judged else {}
+    ms = margin_sensitivity(records, names, both) if judged else {}
+    for c, tag in (context_tags(records, names, both, choice, gate) if judged and choice else {}).items():
+        both[c]['evidence'] = '; '.join(t for t in (both[c].get('evidence'), tag) if t)
+    claims, checks = ({c: v for c, v in both.items() if c in group} for group in (CLAIMS, CHECKS))
+    return dict(
+        label=official_label(names) if label == 'primary' else SECTIONS[label],
+        variants=names,
+        testability=gate,
+        claims=claims,
+        checks=checks,
+        margin_sensitivity=ms,
+    )
+
+# %% ../../nbs/04c_claims.ipynb #cla0eval
+def preregistration(preset: str | None, choice: dict | None) -> dict:
+    "What every claim was fixed to before a study was read: margins, gate, policies, verdicts, the preset's choice."
+    return dict(
+        margins=MARGINS,
+        depth_gate=GATE,
+        halting_policy='/'.join(HALT_POLICY),
+        heavy_tail_hill=HEAVY_TAIL_HILL,
+        internorm='judged on growth across loops ‖H_K‖/‖H_1‖, not on its absolute norm (C1); not in C5a',
+        verdicts='reproduced: on the mean and every seed; partly: on the mean or some seeds; not reproduced at '
+        'this scale: nowhere; not measured: variants or diagnostics absent',
+        margins_at={f'{f:g}': margins_at(f) for f in STRENGTHS if f != 1},
+        preset=preset,
+        choice={k: v for k, v in choice.items() if k != 'root'} if choice else None,
+    )
+
+
 def evaluate_claims(records, preset: str = None, root=None) -> dict:
     """The pre-registered claims: `primary` over the study's official conditions, `extension` over all its variants,
     each with its numerical checks; `preset`: the study's, whose choice record (`preset_choice`) adds its tags. Runs of
@@ -733,39 +768,11 @@ def evaluate_claims(records, preset: str = None, root=None) -> dict:
     official = [n for n in names if VARIANTS[n].group == 'official']
     ext = names if any(VARIANTS[n].group != 'official' for n in names) else []
     choice = preset_choice(preset, root)
-
-    def section(label, names, judged):  # `judged`: the claims are evaluated (not measured, if no variant)
-        gate = depth_gate([r for r in records if r['variant'] in names] + ref) if judged else {}
-        both = claim_set(records, names, gate) if judged else {}
-        ms = margin_sensitivity(records, names, both) if judged else {}
-        for c, tag in (context_tags(records, names, both, choice, gate) if judged and choice else {}).items():
-            both[c]['evidence'] = '; '.join(t for t in (both[c].get('evidence'), tag) if t)
-        claims, checks = ({c: v for c, v in both.items() if c in group} for group in (CLAIMS, CHECKS))
-        return dict(
-            label=official_label(names) if label == 'primary' else SECTIONS[label],
-            variants=names,
-            testability=gate,
-            claims=claims,
-            checks=checks,
-            margin_sensitivity=ms,
-        )
-
     return dict(
         machines=record_machines(records + ref),
-        primary=section('primary', official, True),
-        extension=section('extension', ext, bool(ext)),
-        preregistration=dict(
-            margins=MARGINS,
-            depth_gate=GATE,
-            halting_policy='/'.join(HALT_POLICY),
-            heavy_tail_hill=HEAVY_TAIL_HILL,
-            internorm='judged on growth across loops ‖H_K‖/‖H_1‖, not on its absolute norm (C1); not in C5a',
-            verdicts='reproduced: on the mean and every seed; partly: on the mean or some seeds; not reproduced at '
-            'this scale: nowhere; not measured: variants or diagnostics absent',
-            margins_at={f'{f:g}': margins_at(f) for f in STRENGTHS if f != 1},
-            preset=preset,
-            choice={k: v for k, v in choice.items() if k != 'root'} if choice else None,
-        ),
+        primary=claims_section('primary', records, official, ref, choice, True),
+        extension=claims_section('extension', records, ext, ref, choice, bool(ext)),
+        preregistration=preregistration(preset, choice),
     )
 
 # %% ../../nbs/04c_claims.ipynb #f9ae8bc2
