@@ -6,7 +6,7 @@ results go."""
 
 # %% ../../nbs/04a_runner.ipynb #a5e1c004
 from __future__ import annotations
-import ast, contextlib, importlib, importlib.util, numbers, os, queue, sys, time
+import ast, contextlib, importlib, importlib.util, inspect, numbers, os, queue, sys, time
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor, FIRST_COMPLETED, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -35,8 +35,8 @@ from ..training.rundir import run_status, RunDirError, latest_checkpoint
 __all__ = ['STUDY_LOCK_WAIT', 'EXECUTORS', 'repo_root', 'repo_relative', 'check_folder', 'default_workers', 'check_device',
            'check_workers', 'grid_dirs', 'WorkerError', 'check_spawn_guard', 'job_data', 'check_lock_wait',
            'study_lock', 'work_when_free', 'run_jobs', 'run_plan_jobs', 'plan_data', 'GridStudy', 'import_work',
-           'run_grid', 'expected_speed', 'data_key', 'cache_files', 'prepare_once', 'DataNotReady', 'check_executor',
-           'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
+           'check_options', 'run_grid', 'expected_speed', 'data_key', 'cache_files', 'prepare_once', 'DataNotReady',
+           'check_executor', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
 
 # %% ../../nbs/04a_runner.ipynb #ae478dee
 def repo_root() -> Path:
@@ -356,6 +356,19 @@ def import_work(ref: str):
             f"work {ref!r} must name a module-level function as 'package.module:function' ({e})."
         ) from None
 
+
+def check_options(study: GridStudy, options: dict):
+    "Refuse an option `study.check` does not take, naming the ones it does, before anything is planned or read."
+    params = inspect.signature(study.check).parameters
+    fixed = ('grid', 'out_dir', 'fig_dir', 'device', 'workers')
+    own = [n for n, p in params.items() if n not in fixed and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    if unknown := [k for k in options if k not in own]:
+        raise ConfigError(
+            f"the {study.name} study takes no option {', '.join(map(repr, unknown))}; its own options: "
+            f"{', '.join(own) or 'none'} (and run_grid's: out_dir, fig_dir, data_dir, device, workers, progress, "
+            "lock_wait)."
+        )
+
 # %% ../../nbs/04a_runner.ipynb #b1d9e204
 def run_grid(
     study: GridStudy,
@@ -372,6 +385,7 @@ def run_grid(
     """Train and measure what is missing of `study`'s `grid` (`workers` processes, each run under its lock; nothing
     finished is trained or measured again), then `study.finish` under the study lock: the study's result. `options`:
     the study's own (depth: `grids`, `arms`; scaling: `preset`). `out_dir`, `fig_dir`: None = the study's defaults."""
+    check_options(study, options)
     plan, lock_wait = study.check(grid, out_dir, fig_dir, device, workers, **options), check_lock_wait(lock_wait)
     work = import_work(study.work)
     check_spawn_guard(plan.workers)
