@@ -188,6 +188,26 @@ def test_a_chapter_never_names_itself_as_another_chapter(nb):
     assert not said, f"{nb} names itself in its prose (cells {[i for i, _ in said]}): say 'above', 'below', 'here'"
 
 
+@pytest.mark.parametrize('nb,module', [(nb, m) for nb, m in CHAPTERS if m])
+def test_a_chapter_never_borrows_its_own_names_from_the_package(nb, module):
+    """A chapter defines before it uses: no check cell takes a name from the module the chapter itself exports
+    (`from looped_lm.<its module> import ...`, the seam of a chapter using its code 'defined below'). Importing the
+    module object, to hand the exported file to another process, is allowed."""
+    cells = json.loads((NBS / f'{nb}.ipynb').read_text())['cells']
+    own = f'looped_lm.{module}'
+    borrowed = []
+    for c in cells:
+        src = ''.join(c['source'])
+        if c['cell_type'] != 'code' or src.lstrip().startswith('#| export'):
+            continue
+        try:
+            tree = ast.parse('\n'.join(s for s in src.splitlines() if not s.lstrip().startswith(('%', '!'))))
+        except SyntaxError:
+            continue
+        borrowed += [c['id'] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == own]
+    assert not borrowed, f"{nb}: cells {borrowed} import from {own}: define the names before the cells that use them"
+
+
 def _top_level_prints(src: str) -> bool:
     "Whether a code cell calls `print` outside any function, condition or loop guard (so it always prints)."
     body = [s for s in src.splitlines() if not s.lstrip().startswith(('%', '!'))]

@@ -40,89 +40,8 @@ from looped_lm.training.text import (
 )
 
 # %% auto #0
-__all__ = ['CACHE_VERSION', 'CACHE_ENV', 'bits_per_byte', 'word_perplexity', 'get_batch', 'eval_batches', 'window_starts',
-           'n_windows', 'window_batch', 'resolve_cache_dir', 'source_fingerprint', 'TokenData', 'prepare_data']
-
-# %% ../../nbs/02a_data.ipynb #24d7b58a
-def bits_per_byte(ce_sum: float, n_bytes: int) -> float:
-    "Bits per UTF-8 byte of the scored text, from the summed cross-entropy `ce_sum` in nats."
-    if n_bytes <= 0:
-        raise ValueError(f"bits per byte needs a text of at least one byte, got n_bytes={n_bytes}.")
-    return float(ce_sum) / math.log(2) / n_bytes
-
-
-def word_perplexity(ce_sum: float, n_words: int) -> float:
-    "Perplexity per whitespace-separated word of the scored text, from the summed cross-entropy `ce_sum` in nats."
-    if n_words <= 0:
-        raise ValueError(f"word perplexity needs a text of at least one word, got n_words={n_words}.")
-    return math.exp(float(ce_sum) / n_words)
-
-# %% ../../nbs/02a_data.ipynb #ce15c9ff
-def _to_device(w: np.ndarray, device):
-    "x, y = the windows `w` (B, T+1) without their last / first token, as int64 tensors on `device`."
-    x = torch.from_numpy(np.ascontiguousarray(w[:, :-1], dtype=np.int64))
-    y = torch.from_numpy(np.ascontiguousarray(w[:, 1:], dtype=np.int64))
-    device = torch.device(device)
-    if device.type == 'cuda':
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
-
-
-def _check_len(tokens, seq_len):
-    if len(tokens) < seq_len + 1:
-        raise ValueError(f"A split of {len(tokens)} tokens is too short for windows of seq_len={seq_len} (+1 target).")
-
-# %% ../../nbs/02a_data.ipynb #7bfe61e7
-def get_batch(tokens, batch_size: int, seq_len: int, generator: torch.Generator, device='cpu'):
-    "`batch_size` random windows of `tokens`: x, y int64 (batch_size, seq_len), y = x shifted by one (`generator`)."
-    _check_len(tokens, seq_len)
-    ix = torch.randint(len(tokens) - seq_len, (batch_size,), generator=generator, device=generator.device).cpu().numpy()
-    return _to_device(tokens[ix[:, None] + np.arange(seq_len + 1)], device)
-
-
-def eval_batches(tokens, batch_size: int, seq_len: int, max_batches: int = None, device='cpu'):
-    "(x, y) batches of consecutive non-overlapping windows from the start of `tokens`, in order (the last maybe short)."
-    _check_len(tokens, seq_len)
-    n = (len(tokens) - 1) // seq_len
-    starts = np.arange(n) * seq_len
-    nb = -(-n // batch_size) if max_batches is None else min(max_batches, -(-n // batch_size))
-
-    def gen():
-        for b in range(nb):
-            s = starts[b * batch_size : (b + 1) * batch_size]
-            yield _to_device(tokens[s[:, None] + np.arange(seq_len + 1)], device)
-
-    return gen()
-
-# %% ../../nbs/02a_data.ipynb #aa9e84e8
-def window_starts(n_tokens: int, seq_len: int, stride: int) -> np.ndarray:
-    "Starts 0, stride, 2*stride, ... of the windows of `seq_len + 1` tokens in `n_tokens` (last <= n - seq_len - 1)."
-    return np.arange(n_windows(n_tokens, seq_len, stride), dtype=np.int64) * stride
-
-
-def n_windows(n_tokens: int, seq_len: int, stride: int) -> int:
-    "How many windows of `seq_len + 1` tokens start at 0, stride, 2*stride, ... within `n_tokens`."
-    if stride < 1:
-        raise ValueError(f"stride must be a positive number of tokens, not {stride}.")
-    _check_len(range(n_tokens), seq_len)
-    return (n_tokens - seq_len - 1) // stride + 1
-
-
-@functools.lru_cache(maxsize=4)
-def _epoch_order(n_windows: int, seed: int, epoch: int) -> np.ndarray:
-    "The order of the windows in epoch `epoch`: a permutation drawn from (seed, epoch) alone."
-    return np.random.default_rng([seed, epoch]).permutation(n_windows)
-
-
-def window_batch(tokens, batch_size: int, seq_len: int, stride: int, seed: int, step: int, device='cpu'):
-    "Batch number `step` (from 0) of the strided windows of `tokens`, each epoch in an order drawn from (seed, epoch)."
-    n = n_windows(len(tokens), seq_len, stride)  # start i is i*stride: no array of starts on the training step's path
-    pos = np.arange(step * batch_size, (step + 1) * batch_size)  # positions in the endless stream of epochs
-    ix = np.empty(batch_size, dtype=np.int64)
-    for ep in np.unique(pos // n):
-        sel = pos // n == ep
-        ix[sel] = _epoch_order(n, seed, int(ep))[pos[sel] % n] * stride
-    return _to_device(tokens[ix[:, None] + np.arange(seq_len + 1)], device)
+__all__ = ['CACHE_VERSION', 'CACHE_ENV', 'resolve_cache_dir', 'source_fingerprint', 'TokenData', 'prepare_data', 'bits_per_byte',
+           'word_perplexity', 'get_batch', 'eval_batches', 'window_starts', 'n_windows', 'window_batch']
 
 # %% ../../nbs/02a_data.ipynb #ee8581bb
 CACHE_VERSION = 2  # 2: keys cover the source text's content; sidecars carry n_bytes / n_words
@@ -490,3 +409,84 @@ def prepare_data(cfg: ExperimentConfig, data_dir=None, cache_dir=None, verbose: 
         cached = not td.built and not td.tokenizer_trained
         print(td, '(from cache)' if cached else f"(built: {', '.join(td.built) or 'none'})")
     return td
+
+# %% ../../nbs/02a_data.ipynb #24d7b58a
+def bits_per_byte(ce_sum: float, n_bytes: int) -> float:
+    "Bits per UTF-8 byte of the scored text, from the summed cross-entropy `ce_sum` in nats."
+    if n_bytes <= 0:
+        raise ValueError(f"bits per byte needs a text of at least one byte, got n_bytes={n_bytes}.")
+    return float(ce_sum) / math.log(2) / n_bytes
+
+
+def word_perplexity(ce_sum: float, n_words: int) -> float:
+    "Perplexity per whitespace-separated word of the scored text, from the summed cross-entropy `ce_sum` in nats."
+    if n_words <= 0:
+        raise ValueError(f"word perplexity needs a text of at least one word, got n_words={n_words}.")
+    return math.exp(float(ce_sum) / n_words)
+
+# %% ../../nbs/02a_data.ipynb #ce15c9ff
+def _to_device(w: np.ndarray, device):
+    "x, y = the windows `w` (B, T+1) without their last / first token, as int64 tensors on `device`."
+    x = torch.from_numpy(np.ascontiguousarray(w[:, :-1], dtype=np.int64))
+    y = torch.from_numpy(np.ascontiguousarray(w[:, 1:], dtype=np.int64))
+    device = torch.device(device)
+    if device.type == 'cuda':
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def _check_len(tokens, seq_len):
+    if len(tokens) < seq_len + 1:
+        raise ValueError(f"A split of {len(tokens)} tokens is too short for windows of seq_len={seq_len} (+1 target).")
+
+# %% ../../nbs/02a_data.ipynb #7bfe61e7
+def get_batch(tokens, batch_size: int, seq_len: int, generator: torch.Generator, device='cpu'):
+    "`batch_size` random windows of `tokens`: x, y int64 (batch_size, seq_len), y = x shifted by one (`generator`)."
+    _check_len(tokens, seq_len)
+    ix = torch.randint(len(tokens) - seq_len, (batch_size,), generator=generator, device=generator.device).cpu().numpy()
+    return _to_device(tokens[ix[:, None] + np.arange(seq_len + 1)], device)
+
+
+def eval_batches(tokens, batch_size: int, seq_len: int, max_batches: int = None, device='cpu'):
+    "(x, y) batches of consecutive non-overlapping windows from the start of `tokens`, in order (the last maybe short)."
+    _check_len(tokens, seq_len)
+    n = (len(tokens) - 1) // seq_len
+    starts = np.arange(n) * seq_len
+    nb = -(-n // batch_size) if max_batches is None else min(max_batches, -(-n // batch_size))
+
+    def gen():
+        for b in range(nb):
+            s = starts[b * batch_size : (b + 1) * batch_size]
+            yield _to_device(tokens[s[:, None] + np.arange(seq_len + 1)], device)
+
+    return gen()
+
+# %% ../../nbs/02a_data.ipynb #aa9e84e8
+def window_starts(n_tokens: int, seq_len: int, stride: int) -> np.ndarray:
+    "Starts 0, stride, 2*stride, ... of the windows of `seq_len + 1` tokens in `n_tokens` (last <= n - seq_len - 1)."
+    return np.arange(n_windows(n_tokens, seq_len, stride), dtype=np.int64) * stride
+
+
+def n_windows(n_tokens: int, seq_len: int, stride: int) -> int:
+    "How many windows of `seq_len + 1` tokens start at 0, stride, 2*stride, ... within `n_tokens`."
+    if stride < 1:
+        raise ValueError(f"stride must be a positive number of tokens, not {stride}.")
+    _check_len(range(n_tokens), seq_len)
+    return (n_tokens - seq_len - 1) // stride + 1
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(n_windows: int, seed: int, epoch: int) -> np.ndarray:
+    "The order of the windows in epoch `epoch`: a permutation drawn from (seed, epoch) alone."
+    return np.random.default_rng([seed, epoch]).permutation(n_windows)
+
+
+def window_batch(tokens, batch_size: int, seq_len: int, stride: int, seed: int, step: int, device='cpu'):
+    "Batch number `step` (from 0) of the strided windows of `tokens`, each epoch in an order drawn from (seed, epoch)."
+    n = n_windows(len(tokens), seq_len, stride)  # start i is i*stride: no array of starts on the training step's path
+    pos = np.arange(step * batch_size, (step + 1) * batch_size)  # positions in the endless stream of epochs
+    ix = np.empty(batch_size, dtype=np.int64)
+    for ep in np.unique(pos // n):
+        sel = pos // n == ep
+        ix[sel] = _epoch_order(n, seed, int(ep))[pos[sel] % n] * stride
+    return _to_device(tokens[ix[:, None] + np.arange(seq_len + 1)], device)
