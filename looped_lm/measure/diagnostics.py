@@ -537,7 +537,7 @@ def _geometry(spec, val, few: int, loss: str, norm_penalty: float, ce_chunk: int
         scale=scale_sensitivity(spec, val, max_batches=few, ce_chunk=ce_chunk, **kw),
     )
 
-
+# %% ../../nbs/03c_diagnostics.ipynb #dia0diag
 def diagnose(
     model,
     data,
