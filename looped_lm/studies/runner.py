@@ -345,7 +345,7 @@ class GridStudy:
     describe: Callable
     data: Callable = plan_data
 
-
+# %% ../../nbs/04a_runner.ipynb #b1d9e20a
 def import_work(ref: str):
     "The function `ref` names ('package.module:function'): what a spawned worker can import, never a notebook's own."
     module, _, name = str(ref).partition(':')
