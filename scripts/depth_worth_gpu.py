@@ -16,15 +16,13 @@ import argparse
 import time
 
 from looped_lm.extensions.worth import WORTH, run_worth
-from looped_lm.studies.runner import study_lock
+from looped_lm.studies.runner import finish_grid
 
 
 def publish_measured(grid: str, out_dir, device: str) -> list:
     "Publish the records of the runs already measured, training nothing: what an interrupted grid finished."
     plan = WORTH.check(grid, out_dir, None, device, 1)
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
-    with study_lock(plan.out_dir):
-        records = WORTH.finish(plan, WORTH.data(plan), None)
+    records = finish_grid(WORTH, plan, WORTH.data(plan))
     print(f"published {len(records)} of {len(plan.jobs)} runs' records into {plan.fig_dir}")
     return records
 

@@ -28,7 +28,7 @@ from ..measure.radial import radial_fractions_as_trained
 from ..measure.protocol import as_spec
 from ..studies.tables import to_markdown
 from ..studies.claims import HALT_POLICY, measures
-from .scaling import add_c6, train_flops
+from .scaling import add_c6, token_budgets, train_flops
 from .grid import advance_kept, keep_checkpoint, kept_dir, kept_records, load_kept, record_once
 
 # %% auto #0
@@ -638,7 +638,7 @@ HORIZON = GridStudy(
     'horizon',
     check=check_horizon,
     work='looped_lm.extensions.horizon:_horizon_one',
-    fields=lambda plan: dict(tokens=(plan.spec.measure_tokens, plan.spec.radial_tokens)),
+    fields=token_budgets,  # the scaling study's light measurement's budgets, per checkpoint here
     finish=finish_horizon,
     describe=lambda plan: (
         f"{len(plan.jobs)} runs x {len(plan.jobs[0].steps)} checkpoints in {plan.out_dir}, {plan.workers} worker(s)"

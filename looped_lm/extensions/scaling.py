@@ -46,7 +46,8 @@ from .growth import PAPER_DRIFT, PAPER_TOKENS
 # %% auto #0
 __all__ = ['AXES', 'GRIDS', 'REFERENCE', 'MD_COLUMNS', 'SCALING', 'Grid', 'train_flops', 'estimate_seconds', 'ScalingPlan',
            'measure_run', 'check_scaling', 'add_c6', 'scaling_table', 'growth_table', 'reading', 'Scaling',
-           'finish_scaling', 'run_scaling', 'published_table', 'fig_scaling_drift', 'fig_scaling_axes', 'draw_scaling']
+           'finish_scaling', 'token_budgets', 'run_scaling', 'published_table', 'fig_scaling_drift', 'fig_scaling_axes',
+           'draw_scaling']
 
 # %% ../../nbs/06a_scaling.ipynb #9e3cef37
 CONTROLS = ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty')  # its scale-controlled counterparts
@@ -661,11 +662,16 @@ def finish_scaling(plan: ScalingPlan, data, states: list = None) -> Scaling:
     return res
 
 
+def token_budgets(plan) -> dict:
+    "The job fields of a light measurement (`measure_run`'s): the grid's validation and radial token budgets."
+    return dict(tokens=(plan.spec.measure_tokens, plan.spec.radial_tokens))
+
+
 SCALING = GridStudy(
     'scaling',
     check=check_scaling,
     work='looped_lm.extensions.scaling:_scale_one',
-    fields=lambda plan: dict(tokens=(plan.spec.measure_tokens, plan.spec.radial_tokens)),
+    fields=token_budgets,
     finish=finish_scaling,
     describe=lambda plan: (
         f"{len(plan.points)} points x {len(plan.spec.variants)} variants = {len(plan.jobs)} runs in {plan.out_dir}; "

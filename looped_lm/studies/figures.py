@@ -611,6 +611,12 @@ def make_figures(study, fig_dir=None, variants=None, seeds=None, show: bool = Fa
         if variants is not None or seeds is not None:
             raise ConfigError("an Ablation is drawn whole: to draw some variants or seeds, pass its results folder.")
         st = study.study
+        if not study.published and Path(fig_dir or st.fig_dir).resolve() == Path(st.fig_dir).resolve():
+            raise ResultsError(
+                f"{st.study_dir} kept its published study: these records were not published, so their figures would "
+                "sit beside another study's tables and claims. Run the study again when its runs are free, or pass "
+                "another fig_dir to draw these records there."
+            )
         fig_dir = check_fig_dir(fig_dir if fig_dir is not None else st.fig_dir)  # refused before any drawing
         res = results_of(study.records, st.out_dir, study.throughput, variants=st.variants)
     else:

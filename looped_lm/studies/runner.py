@@ -34,9 +34,9 @@ from ..training.rundir import run_status, RunDirError, latest_checkpoint
 # %% auto #0
 __all__ = ['STUDY_LOCK_WAIT', 'EXECUTORS', 'repo_root', 'repo_relative', 'check_folder', 'default_workers', 'check_device',
            'check_workers', 'grid_dirs', 'WorkerError', 'check_spawn_guard', 'job_data', 'check_lock_wait',
-           'study_lock', 'work_when_free', 'run_jobs', 'run_plan_jobs', 'plan_data', 'GridStudy', 'import_work',
-           'check_options', 'run_grid', 'expected_speed', 'data_key', 'cache_files', 'prepare_once', 'DataNotReady',
-           'check_executor', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
+           'study_lock', 'work_when_free', 'run_jobs', 'run_plan_jobs', 'plan_data', 'GridStudy', 'finish_grid',
+           'import_work', 'check_options', 'run_grid', 'expected_speed', 'data_key', 'cache_files', 'prepare_once',
+           'DataNotReady', 'check_executor', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
 
 # %% ../../nbs/04a_runner.ipynb #ae478dee
 def repo_root() -> Path:
@@ -345,6 +345,14 @@ class GridStudy:
     describe: Callable
     data: Callable = plan_data
 
+
+def finish_grid(study: GridStudy, plan, data, states: list = None):
+    """`study.finish` under the study lock (its folder made first): how every grid study ends, and what publishes the
+    runs an interrupted one measured (`states` None: nothing was run by this call)."""
+    Path(plan.out_dir).mkdir(parents=True, exist_ok=True)
+    with study_lock(plan.out_dir):
+        return study.finish(plan, data, states)
+
 # %% ../../nbs/04a_runner.ipynb #b1d9e20a
 def import_work(ref: str):
     "The function `ref` names ('package.module:function'): what a spawned worker can import, never a notebook's own."
@@ -393,8 +401,7 @@ def run_grid(
     if progress:
         print(f"{study.name} study {plan.grid}: {study.describe(plan)}", flush=True)
     states = run_plan_jobs(plan, work, data, data_dir, lock_wait, progress, **study.fields(plan))
-    with study_lock(plan.out_dir):
-        return study.finish(plan, data, states)
+    return finish_grid(study, plan, data, states)
 
 # %% ../../nbs/04a_runner.ipynb #3d68c1f1
 GPU_BENCH = Path('benchmarks') / 'results' / 'gpu.json'
