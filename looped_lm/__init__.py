@@ -10,8 +10,6 @@ import warnings as _warnings
 # progress is printed as text, so the warning (which prints the local site-packages path) says nothing to a reader.
 _warnings.filterwarnings('ignore', message='IProgress not found')
 
-# Any `import looped_lm.<part>.<module>` runs this file first, so `LoopedLM.from_run` (attached by `interop.hub`, which
-# reads run folders from above the model) is there whichever module a user imported.
 from .core.config import ConfigError, ExperimentConfig, list_presets, load_preset  # noqa: E402
 from .model.looped import LoopedLM, LoopedLMConfig  # noqa: E402
 from .training.data import prepare_data  # noqa: E402

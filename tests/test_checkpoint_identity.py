@@ -29,7 +29,7 @@ def test_a_finished_run_pointed_at_another_checkpoint_is_refused(finished, tmp_p
     for read in (
         lambda: latest_checkpoint(run),
         lambda: load_run(run),
-        lambda: ll.LoopedLM.from_run(run),
+        lambda: ll.from_run(run),
         lambda: diagnose_run(run, smoke_data, max_batches=1),
     ):
         with pytest.raises(DamagedCheckpointError, match='finished at step 12'):

@@ -1,6 +1,6 @@
 """Models the field's tools load and score: a trained `smoke` run saved as a `transformers` folder loads
 in a fresh interpreter with `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` (looped_lm never
-imported) and gives `LoopedLM.from_run`'s logits at every exit and its greedy tokens; lm-evaluation-harness scores it
+imported) and gives `from_run`'s logits at every exit and its greedy tokens; lm-evaluation-harness scores it
 on the local WikiText with its own `HFLM` and agrees with our code on the same windows. Skipped without the `eval`
 extra (`pip install -e '.[eval]'`); offline."""
 
@@ -12,9 +12,8 @@ transformers = pytest.importorskip('transformers', reason=EXTRA)
 lm_eval = pytest.importorskip('lm_eval', reason=EXTRA)
 pytest.importorskip('accelerate', reason=EXTRA)  # lm-eval's HFLM imports it (the `hf` extra of lm-eval)
 
-import looped_lm.interop.hub  # noqa: E402,F401 (attaches LoopedLM.from_run)
+from looped_lm.interop.hub import from_run  # noqa: E402
 from looped_lm.core.config import load_preset  # noqa: E402
-from looped_lm.model.looped import LoopedLM  # noqa: E402
 from looped_lm.training.train import train  # noqa: E402
 from looped_lm.interop.lm_eval import harness_scores, rolling_nll, save_run, wikitext_pages  # noqa: E402
 
@@ -61,7 +60,7 @@ def test_folder_holds_code_config_weights_tokenizer(folder):
 @pytest.mark.slow
 def test_fresh_interpreter_trust_remote_code_equals_from_run(run, folder, smoke_data, tmp_path):
     "The acceptance test: logits at every exit and greedy tokens, without importing looped_lm."
-    model = LoopedLM.from_run(run)
+    model = from_run(run)
     x = torch.as_tensor(smoke_data.test[: 4 * 32].astype('int64')).view(4, 32)
     torch.save(x, tmp_path / 'x.pt')
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
@@ -98,7 +97,7 @@ def test_auto_classes_after_import(folder, run):
     assert type(m).__module__ == 'looped_lm.interop.transformers_io' and m.config.exit_k == 3
     x = torch.arange(1, 25)[None]
     with torch.no_grad():
-        assert torch.allclose(m(x).logits, LoopedLM.from_run(run)(x, exit_k=3).logits, atol=1e-5, rtol=1e-5)
+        assert torch.allclose(m(x).logits, from_run(run)(x, exit_k=3).logits, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow
@@ -110,7 +109,7 @@ def test_harness_scores_smoke_as_our_code_does(run, folder, smoke_data):
     pages = wikitext_pages(cfg.corpus, ('test',))['test']['page'][:3]
     model, tok = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
     h = harness_scores(model, tok, cfg.seq_len, split='test', limit=3)
-    ours = rolling_nll(LoopedLM.from_run(run), [tok.encode(p) for p in pages], tok.bos_token_id, cfg.seq_len)
+    ours = rolling_nll(from_run(run), [tok.encode(p) for p in pages], tok.bos_token_id, cfg.seq_len)
     n_bytes = sum(len(p.encode('utf-8')) for p in pages)
     assert h['bits_per_byte'] == pytest.approx(sum(ours) / n_bytes / math.log(2), rel=1e-6)
     assert [-ll for ll in h['loglikelihoods']] == pytest.approx(ours, rel=1e-5)
@@ -136,7 +135,7 @@ def test_bad_inputs_name_the_fix(folder):
 
     with pytest.raises(ValueError, match='integer in 1..4'):
         LoopedLMHFConfig(exit_k=0)
-    with pytest.raises(TypeError, match='LoopedLM.from_run'):
+    with pytest.raises(TypeError, match=r'looped_lm.from_run\(run_dir\)'):
         from_looped(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError, match='TokenData.tokenizer'):
         fast_tokenizer(object())

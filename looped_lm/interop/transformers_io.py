@@ -237,7 +237,7 @@ def from_looped(model, **config_kwargs) -> LoopedLMForCausalLM:
     "The `LoopedLMForCausalLM` of a `LoopedLM` (same weights, eval mode); `config_kwargs`: e.g. `exit_k`, token ids."
     if not (dataclasses.is_dataclass(getattr(model, 'config', None)) and hasattr(model, 'state_dict')):
         raise TypeError(
-            f"from_looped needs a looped_lm LoopedLM (e.g. LoopedLM.from_run(run_dir)), got {type(model).__name__}."
+            f"from_looped needs a looped_lm LoopedLM (e.g. looped_lm.from_run(run_dir)), got {type(model).__name__}."
         )
     hf = LoopedLMForCausalLM(LoopedLMHFConfig(**dataclasses.asdict(model.config), **config_kwargs))
     hf.load_state_dict(model.state_dict(), strict=True)

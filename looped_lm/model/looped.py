@@ -265,7 +265,7 @@ class LoopedLM(
     def __init__(self, config: LoopedLMConfig):
         super().__init__()
         c = self.config = config
-        self.card_info = {}  # what the model card says about the run (set by `looped_lm.interop.hub.from_run`)
+        self.card_info = {}  # what the model card says about the run (set by `looped_lm.from_run`)
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.pos_emb = nn.Embedding(c.max_seq_len, c.d_model)
         self.stack = nn.ModuleList([Block(c) for _ in range(c.n_layers)])
@@ -463,8 +463,8 @@ def config_from_dict(raw: dict, where: str = 'config.json') -> LoopedLMConfig:
         raise HubFolderError(f"{where}: {e} Fix the value in the file, or {_RESAVE}.") from None
 
 # %% ../../nbs/01_model.ipynb #a203c0f9
-@classmethod
-def _from_pretrained_checked(cls, pretrained_model_name_or_path, **kw) -> 'LoopedLM':
+@patch(cls_method=True)
+def from_pretrained(cls: LoopedLM, pretrained_model_name_or_path, **kw) -> 'LoopedLM':
     "A saved model from a local folder or a Hub repository id; a damaged or mistyped one is a `HubFolderError`."
     folder = Path(pretrained_model_name_or_path)
     if folder.is_dir():
@@ -488,8 +488,8 @@ def save_pretrained(self: LoopedLM, save_directory, **kw):
     return PyTorchModelHubMixin.save_pretrained(self, save_directory, **kw)
 
 
-@classmethod
-def _from_pretrained(cls, *, model_id: str, config=None, strict: bool = True, **kw) -> 'LoopedLM':
+@patch(cls_method=True)
+def _from_pretrained(cls: LoopedLM, *, model_id: str, config=None, strict: bool = True, **kw) -> 'LoopedLM':
     "Hub loading: rebuild the `LoopedLMConfig` from config.json and load the weights strictly."
     if config is None:
         raise HubFolderError(f"{model_id} has no config.json: {_RESAVE}.")
@@ -504,8 +504,9 @@ def _from_pretrained(cls, *, model_id: str, config=None, strict: bool = True, **
         raise HubFolderError(f"{model_id}/model.safetensors is damaged or truncated ({e}); {_RESAVE}.") from None
 
 # %% ../../nbs/01_model.ipynb #3f99a5ef
-def _generate_model_card(self, *args, **kwargs):
-    "The Hub model card, filled from `card_info` (set by `looped_lm.interop.hub.from_run`) and the architecture."
+@patch
+def generate_model_card(self: LoopedLM, *args, **kwargs):
+    "The Hub model card, filled from `card_info` (set by `looped_lm.from_run`) and the architecture."
     c = self.config
     info = {
         **dict(variant='unnamed', preset='unknown', corpus='unknown', fingerprint='unknown', final_row={}),
@@ -515,14 +516,15 @@ def _generate_model_card(self, *args, **kwargs):
     return PyTorchModelHubMixin.generate_model_card(self, *args, **{**info, **kwargs})
 
 
-def _save_weights(self, save_directory: Path):
+@patch
+def _save_pretrained(self: LoopedLM, save_directory: Path):
     "The weights as safetensors, with the architecture they were saved with in its metadata (checked on load)."
     arch = json.dumps(dataclasses.asdict(self.config), sort_keys=True)
     save_model(self, str(Path(save_directory) / 'model.safetensors'), metadata=dict(format='pt', looped_lm_config=arch))
 
 
-@classmethod
-def _load_weights(cls, model, model_file: str, map_location: str, strict: bool):
+@patch(cls_method=True)
+def _load_as_safetensor(cls: LoopedLM, model, model_file: str, map_location: str, strict: bool):
     "Load the weights once `config.json` is known to describe the architecture they were saved with (when recorded)."
     saved, now = {}, dataclasses.asdict(model.config)  # `dropout` and `init` do not change what the weights compute
     with suppress(SafetensorError, OSError, ValueError):  # damage: the loader's own error below names it
@@ -538,11 +540,6 @@ def _load_weights(cls, model, model_file: str, map_location: str, strict: bool):
             f"Restore config.json, or {_RESAVE}."
         )
     return super(LoopedLM, cls)._load_as_safetensor(model, model_file, map_location, strict)
-
-
-LoopedLM.from_pretrained, LoopedLM._from_pretrained = _from_pretrained_checked, _from_pretrained
-LoopedLM._save_pretrained, LoopedLM._load_as_safetensor = _save_weights, _load_weights
-LoopedLM.generate_model_card = _generate_model_card
 
 # %% ../../nbs/01_model.ipynb #b1aace01
 def _exit_mask(halting, logits, k: int, k_max: int) -> torch.Tensor:
@@ -612,9 +609,10 @@ def _check_generate_args(model, idx, max_new_tokens, temperature, halting):
         )
 
 # %% ../../nbs/01_model.ipynb #adb11100
+@patch
 @torch.no_grad()
-def _generate(
-    self,
+def generate(
+    self: LoopedLM,
     idx,
     max_new_tokens: int,
     exit_k: int = None,
@@ -650,6 +648,3 @@ def _generate(
     if not return_exits:
         return seq
     return seq, (torch.stack(exits, 1) if exits else torch.zeros(idx.shape[0], 0, dtype=torch.long, device=idx.device))
-
-# %% ../../nbs/01_model.ipynb #13e69a09
-LoopedLM.generate = _generate
