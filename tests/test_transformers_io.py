@@ -4,7 +4,7 @@ imported) and gives `from_run`'s logits at every exit and its greedy tokens; lm-
 on the local WikiText with its own `HFLM` and agrees with our code on the same windows. Skipped without the `eval`
 extra (`pip install -e '.[eval]'`); offline."""
 
-import json, math, os, re, subprocess, sys
+import inspect, json, math, os, re, subprocess, sys
 import pytest, torch
 
 EXTRA = "the `eval` extra is not installed (pip install -e '.[eval]', or scripts/setup.sh)"
@@ -14,6 +14,7 @@ pytest.importorskip('accelerate', reason=EXTRA)  # lm-eval's HFLM imports it (th
 
 from looped_lm.interop.hub import from_run  # noqa: E402
 from looped_lm.core.config import load_preset  # noqa: E402
+from looped_lm.model.looped import MLP, Block  # noqa: E402
 from looped_lm.training.train import train  # noqa: E402
 from looped_lm.interop.lm_eval import harness_scores, rolling_nll, save_run, wikitext_pages  # noqa: E402
 
@@ -55,6 +56,7 @@ def test_folder_holds_code_config_weights_tokenizer(folder):
     assert cfg['model_type'] == 'looped-lm' and cfg['max_seq_len'] == 64
     code = (folder / 'transformers_io.py').read_text()
     assert not re.search(r'^\s*(from|import)\s+(looped_lm|\.)', code, re.M), 'the folder code must not need the package'
+    assert inspect.getsource(Block) in code and inspect.getsource(MLP) in code  # the model's own block, written in
 
 
 @pytest.mark.slow
@@ -129,7 +131,7 @@ def test_regex_tokenizer_as_fast_tokenizer_matches_on_wikitext():
     assert not bad, f"{len(bad)} rows differ, e.g. {bad[0][:80]!r}"
 
 
-def test_bad_inputs_name_the_fix(folder):
+def test_bad_inputs_name_the_fix(folder, tmp_path):
     from looped_lm.interop.transformers_io import LoopedLMHFConfig, fast_tokenizer, from_looped
     from transformers import AutoModelForCausalLM
 
@@ -142,3 +144,7 @@ def test_bad_inputs_name_the_fix(folder):
     m = AutoModelForCausalLM.from_pretrained(folder)
     with pytest.raises(ValueError, match='no padding mask'):
         m(torch.ones(2, 4, dtype=torch.long), attention_mask=torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]]))
+    with pytest.raises(ValueError, match='then upload the folder'):  # the Hub would get the code before its rewrite
+        m.save_pretrained(tmp_path / 'again', push_to_hub=True)
+    m.save_pretrained(tmp_path / 'again')  # saved again: the folder's code is still standalone
+    assert (tmp_path / 'again' / 'transformers_io.py').read_text() == (folder / 'transformers_io.py').read_text()
