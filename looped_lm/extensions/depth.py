@@ -24,13 +24,11 @@ from .grid import advance_kept, kept_dir, kept_records, load_kept, publish_recor
 from .grid import record_once
 
 # %% auto #0
-__all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'KHOP_SPLITS', 'DEPTH_GRIDS', 'DEPTH_VERSION', 'RECORDS', 'RULES',
-           'AT_RISK_V', 'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'REFERENCE_ARM', 'ROW_COLUMNS', 'DEPTH',
-           'dose_variant', 'khop_vocab', 'khop_episodes', 'khop_data', 'khop_corpus', 'DepthGrid', 'DepthJob',
-           'DepthPlan', 'task_settings', 'depth_base', 'check_depth', 'depth_key', 'measure_kept', 'advance_depth',
-           'depth_row', 'arm_runs', 'rule_r1', 'official_claims', 'spearman', 'rule_r3', 'rule_r4', 'rule_r6',
-           'rule_r0', 'depth_rules', 'rules_markdown', 'depth_table', 'read_depth_records', 'write_depth',
-           'rebuild_depth', 'plan_records', 'publish_depth', 'depth_data', 'depth_fields', 'run_depth', 'study_rows']
+__all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'DEPTH_GRIDS', 'DEPTH_VERSION', 'RECORDS', 'RULES', 'AT_RISK_V',
+           'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'ROW_COLUMNS', 'DEPTH', 'dose_variant', 'DepthGrid',
+           'check_depth', 'depth_key', 'depth_row', 'arm_runs', 'rule_r1', 'official_claims', 'spearman', 'rule_r3',
+           'depth_table', 'read_depth_records', 'write_depth', 'rebuild_depth', 'plan_records', 'publish_depth',
+           'depth_data', 'depth_fields', 'run_depth']
 
 # %% ../../nbs/06d_depth.ipynb #a2e5e010
 def dose_variant(lam: float) -> Variant:

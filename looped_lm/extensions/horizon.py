@@ -34,7 +34,7 @@ from .grid import advance_kept, keep_checkpoint, kept_dir, kept_records, load_ke
 # %% auto #0
 __all__ = ['PAPER_LR', 'PAPER_BATCH_TOKENS', 'PAPER_STEPS', 'PAPER_WIDTH', 'CLOCKS', 'PAPER_CLOCK', 'PAPER_DRIFT_RMS',
            'HORIZON_GRIDS', 'HORIZON', 'collapse_test', 'dose_response', 'drift_law', 'clock_of', 'HorizonGrid',
-           'HorizonPlan', 'check_horizon', 'horizon_table', 'Horizon', 'analyse', 'finish_horizon', 'run_horizon']
+           'check_horizon', 'horizon_table', 'Horizon', 'analyse', 'finish_horizon', 'run_horizon']
 
 # %% ../../nbs/06c_horizon.ipynb #2b9b5d3c
 PAPER_LR = 3e-4  # the official constant learning rate (44M and 129M)

@@ -19,8 +19,8 @@ from .depth import read_depth_records, rule_r1
 from .depth import official_claims, ROW_COLUMNS, AT_RISK_V, PER_LOOP_CONTROLS
 
 # %% auto #0
-__all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'WORTH', 'rule_c3', 'rule_best_exit', 'rule_c7', 'worth_rules',
-           'worth_markdown', 'write_worth', 'rebuild_worth', 'publish_worth', 'run_worth']
+__all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'WORTH', 'write_worth', 'rebuild_worth', 'publish_worth',
+           'run_worth']
 
 # %% ../../nbs/06e_worth.ipynb #wor00007
 WORTH_VARIANTS = (

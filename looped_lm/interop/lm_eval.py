@@ -16,8 +16,7 @@ from ..training.rundir import RunDirError, read_json
 from .transformers_io import save_transformers
 
 # %% auto #0
-__all__ = ['TASK_YAML', 'TASK_UTILS', 'save_run', 'wikitext_pages', 'write_task', 'harness_scores', 'rolling_windows',
-           'rolling_nll', 'stream_ce', 'compare_bpb']
+__all__ = ['TASK_YAML', 'TASK_UTILS', 'save_run', 'wikitext_pages', 'write_task', 'harness_scores', 'rolling_nll', 'compare_bpb']
 
 # %% ../../nbs/07b_lm_eval.ipynb #c9c4af48
 def save_run(run_dir, folder, data_dir=None, **config_kwargs) -> Path:

@@ -15,8 +15,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 import looped_lm.model.looped as looped_model  # a saved folder's copy holds the block itself (`folder_code`)
 
 # %% auto #0
-__all__ = ['BLOCK_PARTS', 'PY_PATTERN', 'ONIG_PATTERN', 'ONIG_SKIPPED', 'LoopedLMHFConfig', 'check_exit', 'folder_code',
-           'LoopedLMForCausalLM', 'write_folder_code', 'from_looped', 'save_transformers', 'fast_tokenizer']
+__all__ = ['LoopedLMHFConfig', 'check_exit', 'LoopedLMForCausalLM', 'write_folder_code', 'from_looped', 'save_transformers',
+           'fast_tokenizer']
 
 # %% ../../nbs/07a_transformers.ipynb #04159aa3
 _CHOICES = dict(

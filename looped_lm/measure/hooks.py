@@ -11,7 +11,7 @@ import torch, torch.nn as nn
 from .protocol import LoopSpec, LoopSpecError, model_device
 
 # %% auto #0
-__all__ = ['fresh_kwargs', 'from_hooks']
+__all__ = ['from_hooks']
 
 # %% ../../nbs/03d_hooks.ipynb #3da98de4
 class _Stop(Exception):

@@ -10,7 +10,7 @@ import torch
 from .protocol import LoopSpec
 
 # %% auto #0
-__all__ = ['act_fold', 'mythos_states', 'from_open_mythos', 'from_tiny_recursive']
+__all__ = ['mythos_states', 'from_open_mythos', 'from_tiny_recursive']
 
 # %% ../../nbs/03d_outside.ipynb #149467a2
 def act_fold(act: dict, h: torch.Tensor, halt, threshold: float) -> dict:

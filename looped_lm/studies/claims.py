@@ -23,8 +23,8 @@ from .runner import repo_root
 
 # %% auto #0
 __all__ = ['MARGINS', 'HALT_POLICY', 'CLAMP_MODES', 'LEMMA_FIELDS', 'CLAIMS', 'CHECKS', 'REFERENCE', 'GATE', 'GATE_RUNS',
-           'GATE_FAILS', 'measures', 'Claim', 'depth_gate', 'claims_section', 'preregistration', 'evaluate_claims',
-           'claims_markdown', 'write_claims', 'rebuild']
+           'GATE_FAILS', 'measures', 'Claim', 'depth_gate', 'preregistration', 'evaluate_claims', 'claims_markdown',
+           'write_claims', 'rebuild']
 
 # %% ../../nbs/04c_claims.ipynb #41a37bd4
 MARGINS = dict(

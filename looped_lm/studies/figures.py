@@ -24,9 +24,8 @@ import matplotlib
 from .tables import endpoint_correlations
 
 # %% auto #0
-__all__ = ['STYLE', 'METADATA', 'FIGURES', 'ResultsError', 'variant_order', 'palette', 'Results', 'results_of', 'load_results',
-           'figure_bytes', 'check_fig_dir', 'save', 'FigureSkipped', 'measured_throughput', 'FigureSet', 'draw_figures',
-           'make_figures']
+__all__ = ['STYLE', 'METADATA', 'FIGURES', 'ResultsError', 'variant_order', 'palette', 'Results', 'figure_bytes', 'check_fig_dir',
+           'save', 'FigureSkipped', 'FigureSet', 'make_figures']
 
 # %% ../../nbs/04e_figures.ipynb #ec5b1246
 class ResultsError(RuntimeError):

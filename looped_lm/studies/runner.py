@@ -34,9 +34,9 @@ from ..training.rundir import run_status, RunDirError, latest_checkpoint
 # %% auto #0
 __all__ = ['STUDY_LOCK_WAIT', 'EXECUTORS', 'repo_root', 'repo_relative', 'check_folder', 'default_workers', 'check_device',
            'check_workers', 'grid_dirs', 'WorkerError', 'check_spawn_guard', 'job_data', 'check_lock_wait',
-           'study_lock', 'work_when_free', 'run_jobs', 'run_plan_jobs', 'plan_data', 'GridStudy', 'finish_grid',
-           'import_work', 'check_options', 'run_grid', 'expected_speed', 'data_key', 'cache_files', 'prepare_once',
-           'DataNotReady', 'check_executor', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
+           'study_lock', 'work_when_free', 'run_jobs', 'plan_data', 'GridStudy', 'finish_grid', 'import_work',
+           'check_options', 'run_grid', 'data_key', 'cache_files', 'prepare_once', 'DataNotReady', 'check_executor',
+           'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
 
 # %% ../../nbs/04a_runner.ipynb #ae478dee
 def repo_root() -> Path:

@@ -16,7 +16,7 @@ from ..training.rundir import read_json
 from .variants import VARIANTS
 
 # %% auto #0
-__all__ = ['TABLES', 'synthetic_study', 'MissingDiagnostic', 'dig', 'table1', 'read_throughput', 'table_token_norms', 'endpoint',
+__all__ = ['synthetic_study', 'MissingDiagnostic', 'dig', 'table1', 'read_throughput', 'table_token_norms', 'endpoint',
            'table_endpoint', 'endpoint_correlations', 'md_cell', 'to_markdown', 'build_tables', 'read_run_records',
            'write_tables']
 
