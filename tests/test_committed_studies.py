@@ -290,7 +290,8 @@ def test_the_readme_quotes_the_tags_and_the_harness_numbers_their_records_give()
     recomputed by the claims code from figures/cpu-3seeds and the horizon records; and the harness comparison at
     `cpu`, read from its committed record (which names its machine)."""
     import json, re
-    from looped_lm.studies.claims import evaluate_claims, read_run_records
+    from looped_lm.studies.claims import evaluate_claims
+    from looped_lm.studies.tables import read_run_records
 
     readme = (FIGURES.parent / 'README.md').read_text()
     claims = evaluate_claims(read_run_records(FIGURES / 'cpu-3seeds'), 'cpu', FIGURES.parent)['primary']['claims']
@@ -329,7 +330,8 @@ def test_the_readme_verdict_table_quotes_each_columns_records():
     columns, is the seed mean the claims code computes from that column's committed records, and the verdict and
     seeds held are that column's."""
     import re
-    from looped_lm.studies.claims import evaluate_claims, read_run_records
+    from looped_lm.studies.claims import evaluate_claims
+    from looped_lm.studies.tables import read_run_records
     from looped_lm.extensions.depth import official_claims, read_depth_records
 
     columns = [

@@ -172,6 +172,36 @@ def test_the_users_import_names_each_thing_from_its_home():
         assert home.startswith('looped_lm.') and home.count('.') == 2, (name, home)
 
 
+def exported_names(module: str) -> set:
+    "The names in `__all__` of package module `part.module`, read from its file (no import: extras may be absent)."
+    tree = ast.parse((PKG / (module.replace('.', '/') + '.py')).read_text())
+    lists = [n.value for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == '__all__']
+    return set(ast.literal_eval(lists[0])) if lists else set()
+
+
+def test_what_crosses_a_module_is_in_its_all():
+    """A name another module, a test, a script or a benchmark imports from a package module is in that module's
+    `__all__` (nbdev's `#| export`, not `#| exporti`), and no `_` name crosses a module."""
+    files = [p for d in ('looped_lm', 'tests', 'scripts', 'benchmarks') for p in (ROOT / d).rglob('*.py')]
+    crossing = set()
+    for f in files:
+        here = '.'.join(f.relative_to(PKG).with_suffix('').parts) if PKG in f.parents else ''
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.ImportFrom) and f.name != '_modidx.py':
+                targets = set(imported(n, here=here))  # `from part.module import x` gives {part.module}
+                if len(targets) == 1 and targets <= set(ORDER) and (n.module or '').endswith(min(targets)):
+                    (target,) = targets
+                    crossing.update((target, a.name, f.relative_to(ROOT).as_posix()) for a in n.names)
+    assert {m for m, _, _ in crossing} >= {'model.looped', 'studies.tables'}  # the reader sees the imports
+    bad = sorted(
+        (m, name, f)
+        for m, name, f in crossing
+        if m != f[:-3].replace('/', '.')[len('looped_lm.') :]
+        and (name.startswith('_') or name not in exported_names(m))
+    )
+    assert not bad, f"imported across modules but not in the home module's __all__ (make its cell #| export): {bad}"
+
+
 SELF_NAME = r'(?<![/\w]){}(?![\w.-])'  # a chapter's name as prose names a chapter, not as a path in a command
 
 

@@ -33,8 +33,10 @@ from .grid import advance_kept, keep_checkpoint, kept_dir, kept_records, load_ke
 
 # %% auto #0
 __all__ = ['PAPER_LR', 'PAPER_BATCH_TOKENS', 'PAPER_STEPS', 'PAPER_WIDTH', 'CLOCKS', 'PAPER_CLOCK', 'PAPER_DRIFT_RMS',
-           'HORIZON_GRIDS', 'HORIZON', 'collapse_test', 'dose_response', 'drift_law', 'clock_of', 'HorizonGrid',
-           'check_horizon', 'horizon_table', 'Horizon', 'analyse', 'finish_horizon', 'run_horizon']
+           'HORIZON_GRIDS', 'HORIZON_VERSION', 'RECORDS', 'NOT_CARRIED', 'HORIZON_MD', 'HORIZON', 'synthetic_horizon',
+           'collapse_test', 'dose_response', 'drift_law', 'clock_of', 'HorizonGrid', 'checkpoint_steps',
+           'check_horizon', 'horizon_key', 'horizon_table', 'Horizon', 'analyse', 'drift_markdown', 'write_horizon',
+           'finish_horizon', 'run_horizon']
 
 # %% ../../nbs/06c_horizon.ipynb #2b9b5d3c
 PAPER_LR = 3e-4  # the official constant learning rate (44M and 129M)

@@ -44,9 +44,10 @@ from ..studies.figures import STYLE, palette, save, check_fig_dir
 from .growth import PAPER_DRIFT, PAPER_TOKENS
 
 # %% auto #0
-__all__ = ['REFERENCE', 'MD_COLUMNS', 'SCALING', 'Grid', 'train_flops', 'estimate_seconds', 'measure_run', 'check_scaling',
-           'add_c6', 'scaling_table', 'growth_table', 'reading', 'Scaling', 'finish_scaling', 'token_budgets',
-           'run_scaling', 'published_table', 'fig_scaling_axes', 'draw_scaling']
+__all__ = ['REFERENCE', 'SCALING_VERSION', 'MD_COLUMNS', 'SCALING', 'scaling_points', 'Grid', 'train_flops', 'estimate_seconds',
+           'measure_key', 'read_measure', 'measure_run', 'check_scaling', 'add_c6', 'scaling_table', 'growth_table',
+           'reading', 'Scaling', 'finish_scaling', 'token_budgets', 'run_scaling', 'published_table',
+           'fig_scaling_axes', 'draw_scaling']
 
 # %% ../../nbs/06a_scaling.ipynb #9e3cef37
 CONTROLS = ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty')  # its scale-controlled counterparts

@@ -41,10 +41,10 @@ from .radial import radial_fractions, angular_updates
 from ..training.rundir import load_run
 
 # %% auto #0
-__all__ = ['DIAG_VERSION', 'MEASURING_CODE', 'HEAVY_TAIL_HILL', 'EVAL_TOKENS', 'EVAL_CE_CHUNK', 'DiagnosticReport', 'matches_key',
-           'cached_report', 'checkpoint_id', 'report_key', 'current_report', 'read_run', 'eval_exits',
-           'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'clamp_modes', 'diagnose',
-           'diagnose_trained', 'diagnose_run']
+__all__ = ['DIAG_VERSION', 'MEASURING_CODE', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'EVAL_TOKENS', 'EVAL_CE_CHUNK',
+           'DiagnosticReport', 'matches_key', 'cached_report', 'checkpoint_id', 'report_key', 'current_report',
+           'read_run', 'eval_exits', 'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'clamp_modes',
+           'scale_sensitivity', 'lemma2', 'diagnose', 'diagnose_trained', 'diagnose_run']
 
 # %% ../../nbs/03c_diagnostics.ipynb #91c3f3a7
 DIAG_VERSION = 5  # the report's layout (what records and tables read); its content is keyed by the code below

@@ -13,7 +13,8 @@ from .protocol import n_scored, measured_positions, IGNORE_INDEX
 from .spec_checks import guarded_spec
 
 # %% auto #0
-__all__ = ['POLICIES', 'GRANULARITIES', 'halting_policy', 'LoopScores', 'loop_scores', 'adaptive_halting', 'halting_speed']
+__all__ = ['POLICIES', 'GRANULARITIES', 'halting_policy', 'LoopScores', 'loop_scores', 'exit_outcome', 'calibrate_threshold',
+           'adaptive_halting', 'halting_speed']
 
 # %% ../../nbs/03a_halting.ipynb #404b2557
 POLICIES = ('max_prob', 'logit_margin', 'entropy')

@@ -16,9 +16,9 @@ import dataclasses
 
 # %% auto #0
 __all__ = ['CLAMPS', 'IGNORE_INDEX', 'LoopSpecError', 'LoopSpec', 'model_device', 'from_looped_lm', 'KeyedContext', 'as_spec',
-           'clamp_state', 'token_tensor', 'spec_memo', 'clamp_refusal', 'call_user', 'run_loops', 'slice_context',
-           'PaddedTokens', 'token_windows', 'readout_norm_at', 'readout_pieces', 'token_ce', 'n_scored',
-           'measured_positions']
+           'clamp_state', 'token_tensor', 'spec_memo', 'clamp_refusal', 'call_user', 'run_loops', 'context_layout',
+           'slice_context', 'PaddedTokens', 'token_windows', 'readout_norm_at', 'readout_pieces', 'token_ce',
+           'n_scored', 'measured_positions']
 
 # %% ../../nbs/03_protocol.ipynb #9a4b592c
 class LoopSpecError(ValueError):

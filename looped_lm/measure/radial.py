@@ -18,7 +18,8 @@ from .spec_checks import IGNORED_STATE, checked_spec, guarded_spec
 from ..training.train import norm_penalty as penalty
 
 # %% auto #0
-__all__ = ['radial_fractions', 'radial_fractions_as_trained', 'angular_updates', 'unaligned_cos']
+__all__ = ['float64_spec', 'radial_scale', 'radial_fractions', 'radial_fractions_as_trained', 'angular_updates', 'angle_scaling',
+           'unaligned_cos']
 
 # %% ../../nbs/03b_radial.ipynb #c5a860d8
 @contextmanager

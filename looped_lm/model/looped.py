@@ -22,7 +22,7 @@ from contextlib import suppress
 import dataclasses
 
 # %% auto #0
-__all__ = ['LoopedLMConfig', 'linear_ce', 'LoopedOutput', 'LoopedLM', 'num_params', 'forward_flops_per_token',
+__all__ = ['LoopedLMConfig', 'MLP', 'Block', 'linear_ce', 'LoopedOutput', 'LoopedLM', 'num_params', 'forward_flops_per_token',
            'train_flops_per_token', 'saved_tensor_bytes', 'HubFolderError']
 
 # %% ../../nbs/01_model.ipynb #0c479aa1

@@ -40,8 +40,9 @@ from looped_lm.training.text import (
 )
 
 # %% auto #0
-__all__ = ['CACHE_VERSION', 'CACHE_ENV', 'resolve_cache_dir', 'source_fingerprint', 'TokenData', 'prepare_data', 'bits_per_byte',
-           'word_perplexity', 'get_batch', 'eval_batches', 'window_starts', 'n_windows', 'window_batch']
+__all__ = ['CACHE_VERSION', 'CACHE_ENV', 'resolve_cache_dir', 'source_fingerprint', 'tokenizer_path', 'TokenData', 'prepare_data',
+           'bits_per_byte', 'word_perplexity', 'get_batch', 'eval_batches', 'window_starts', 'n_windows',
+           'window_batch']
 
 # %% ../../nbs/02a_data.ipynb #ee8581bb
 CACHE_VERSION = 2  # 2: keys cover the source text's content; sidecars carry n_bytes / n_words

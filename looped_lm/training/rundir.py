@@ -25,11 +25,11 @@ from ..core.config import ConfigError
 from ..model.looped import LoopedLM, LoopedLMConfig
 
 # %% auto #0
-__all__ = ['RUN_FILES', 'CODE_OVERRIDE', 'RunDirError', 'read_json', 'run_status', 'set_status', 'expected_records',
-           'parse_metrics', 'read_metrics', 'record_mismatch', 'append_metrics', 'DamagedCheckpointError',
-           'verify_checkpoint', 'data_record', 'CheckpointWriteError', 'save_checkpoint', 'checkpoint_machine',
-           'latest_checkpoint', 'load_checkpoint', 'restore_config', 'check_writable', 'run_lock', 'check_code',
-           'check_identity', 'check_run_data', 'load_run']
+__all__ = ['CKPT_FILES', 'CKPT_FORMAT', 'TRAINING_CODE', 'RUN_FILES', 'CODE_OVERRIDE', 'RunDirError', 'read_json', 'run_status',
+           'set_status', 'expected_records', 'parse_metrics', 'read_metrics', 'record_mismatch', 'append_metrics',
+           'record_hashes', 'DamagedCheckpointError', 'verify_checkpoint', 'data_record', 'CheckpointWriteError',
+           'save_checkpoint', 'checkpoint_machine', 'latest_checkpoint', 'load_checkpoint', 'restore_config',
+           'check_writable', 'run_lock', 'check_code', 'check_identity', 'check_run_data', 'load_run']
 
 # %% ../../nbs/02b_rundir.ipynb #5593e09a
 class RunDirError(RuntimeError):

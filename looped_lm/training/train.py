@@ -26,8 +26,9 @@ from ..model.lemmas import radial_fraction
 from ..core.files import write_atomic, sweep_stale_tmp, LockedError, WriteError
 
 # %% auto #0
-__all__ = ['resolve_device', 'autocast', 'ddp_world', 'norm_penalty', 'training_objective', 'param_groups', 'make_optimizer',
-           'lr_at', 'TrainingError', 'evaluate', 'train', 'RunResult', 'train_cli']
+__all__ = ['PEAK_BF16_FLOPS', 'resolve_device', 'autocast', 'ddp_world', 'norm_penalty', 'training_objective', 'param_groups',
+           'make_optimizer', 'lr_at', 'TrainingError', 'evaluate', 'train', 'RunResult', 'start_run', 'train_step',
+           'step_record', 'warn_overflow', 'log_step', 'train_cli']
 
 # %% ../../nbs/02c_train.ipynb #c5e8c36f
 from looped_lm.training.rundir import (
