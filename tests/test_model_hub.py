@@ -255,7 +255,7 @@ def test_looped_lm_is_built_in_its_own_module():
         except ImportError:  # an optional extra that is not installed
             pass
     methods = {name: getattr(LoopedLM, name) for name in vars(LoopedLM) if not name.startswith('_orig_')}
-    methods = {name: getattr(m, '__func__', m) for name, m in methods.items()}  # a classmethod's function
+    methods = {name: getattr(m, '__func__', getattr(m, 'fget', m)) for name, m in methods.items()}  # its function
     own = {name: f.__module__ for name, f in methods.items() if inspect.isfunction(f)}
     # (fastcore's @patch keeps the mixin's method it replaces as `_orig_<name>`)
     assert {'forward', 'generate', 'from_pretrained', 'save_pretrained'} <= set(own), sorted(own)

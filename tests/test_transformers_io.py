@@ -14,7 +14,7 @@ pytest.importorskip('accelerate', reason=EXTRA)  # lm-eval's HFLM imports it (th
 
 from looped_lm.interop.hub import from_run  # noqa: E402
 from looped_lm.core.config import load_preset  # noqa: E402
-from looped_lm.model.looped import MLP, Block  # noqa: E402
+from looped_lm.model.looped import MLP, block_source  # noqa: E402
 from looped_lm.training.train import train  # noqa: E402
 from looped_lm.interop.lm_eval import harness_scores, rolling_nll, save_run, wikitext_pages  # noqa: E402
 
@@ -31,6 +31,7 @@ with torch.no_grad():
                greedy=m.generate(x[:1, :8], max_new_tokens=20, do_sample=False),
                greedy2=m.generate(x[:1, :8], max_new_tokens=20, do_sample=False, exit_k=2),
                ids=tok.encode(text), cls=type(m).__module__)
+m.save_pretrained(x_path + '-again')  # the folder's own code, saved again
 torch.save(out, x_path + '.out')
 '''
 
@@ -56,7 +57,7 @@ def test_folder_holds_code_config_weights_tokenizer(folder):
     assert cfg['model_type'] == 'looped-lm' and cfg['max_seq_len'] == 64
     code = (folder / 'transformers_io.py').read_text()
     assert not re.search(r'^\s*(from|import)\s+(looped_lm|\.)', code, re.M), 'the folder code must not need the package'
-    assert inspect.getsource(Block) in code and inspect.getsource(MLP) in code  # the model's own block, written in
+    assert block_source() in code and inspect.getsource(MLP) in code  # the model's own block, written in
 
 
 @pytest.mark.slow
@@ -87,6 +88,8 @@ def test_fresh_interpreter_trust_remote_code_equals_from_run(run, folder, smoke_
     assert out['greedy'].tolist() == model.generate(x[:1, :8], 20).tolist()
     assert out['greedy2'].tolist() == model.generate(x[:1, :8], 20, exit_k=2).tolist()
     assert out['ids'] == smoke_data.tokenizer.encode(text).ids
+    again = (tmp_path / 'x.pt-again' / 'transformers_io.py').read_text(encoding='utf-8')
+    assert again == (folder / 'transformers_io.py').read_text(encoding='utf-8')  # still standalone
 
 
 def test_auto_classes_after_import(folder, run):
@@ -144,7 +147,15 @@ def test_bad_inputs_name_the_fix(folder, tmp_path):
     m = AutoModelForCausalLM.from_pretrained(folder)
     with pytest.raises(ValueError, match='no padding mask'):
         m(torch.ones(2, 4, dtype=torch.long), attention_mask=torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]]))
-    with pytest.raises(ValueError, match='then upload the folder'):  # the Hub would get the code before its rewrite
-        m.save_pretrained(tmp_path / 'again', push_to_hub=True)
+    for save in (
+        lambda: m.save_pretrained(tmp_path / 'up', push_to_hub=True),
+        lambda: m.config.save_pretrained(tmp_path, True),
+    ):
+        with pytest.raises(ValueError, match=r'call push_to_hub\(repo_id\)'):  # the code would go before its rewrite
+            save()
+    m.save_pretrained(tmp_path / 'worker', is_main_process=False)  # another process of a multi-process save: no code
+    assert not (tmp_path / 'worker' / 'transformers_io.py').exists()
     m.save_pretrained(tmp_path / 'again')  # saved again: the folder's code is still standalone
-    assert (tmp_path / 'again' / 'transformers_io.py').read_text() == (folder / 'transformers_io.py').read_text()
+    assert (tmp_path / 'again' / 'transformers_io.py').read_text(encoding='utf-8') == (
+        folder / 'transformers_io.py'
+    ).read_text(encoding='utf-8')

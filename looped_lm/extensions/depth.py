@@ -25,10 +25,10 @@ from .grid import record_once
 
 # %% auto #0
 __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'DEPTH_GRIDS', 'DEPTH_VERSION', 'RECORDS', 'RULES', 'AT_RISK_V',
-           'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'ROW_COLUMNS', 'DEPTH', 'dose_variant', 'DepthGrid',
-           'check_depth', 'depth_key', 'depth_row', 'arm_runs', 'rule_r1', 'official_claims', 'spearman', 'rule_r3',
-           'depth_table', 'read_depth_records', 'write_depth', 'rebuild_depth', 'plan_records', 'publish_depth',
-           'depth_data', 'depth_fields', 'run_depth']
+           'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'ROW_COLUMNS', 'DEPTH', 'dose_variant', 'khop_data',
+           'khop_corpus', 'DepthGrid', 'check_depth', 'depth_key', 'depth_row', 'arm_runs', 'rule_r1',
+           'official_claims', 'spearman', 'rule_r3', 'depth_table', 'read_depth_records', 'write_depth',
+           'rebuild_depth', 'plan_records', 'publish_depth', 'depth_data', 'depth_fields', 'run_depth']
 
 # %% ../../nbs/06d_depth.ipynb #a2e5e010
 def dose_variant(lam: float) -> Variant:

@@ -74,17 +74,21 @@ def check_exit(exit_k, K: int, what: str = 'exit_k'):
     return exit_k
 
 # %% ../../nbs/07a_transformers.ipynb #5db2bf2d
-BLOCK_PARTS = ('_dropout', 'LayerCache', 'CausalSelfAttention', 'MLP', 'Block')  # of looped_model, in their order
 _PACKAGE_IMPORT = re.compile(r'^import looped_lm\.model\.looped as looped_model\b.*$', re.M)
+_MARKER = '# The decoder block of looped_lm.model.looped, written in when the model was saved.'
 
 
 def folder_code(module_source: str) -> str:
     "`module_source` (this module's) as a saved folder carries it: the model's block in place of its import."
     if not _PACKAGE_IMPORT.search(module_source):
-        return module_source  # already a folder's copy (a model loaded from a folder, saved again)
-    parts = '\n\n\n'.join(inspect.getsource(getattr(looped_model, name)).rstrip() for name in BLOCK_PARTS)
+        if re.search(f'^{re.escape(_MARKER)}$', module_source, re.M):
+            return module_source  # already a folder's copy (a model loaded from a folder, saved again)
+        raise ValueError(
+            "This module's source has neither `import looped_lm.model.looped as looped_model` nor the folder marker: "
+            "restore that import line (a saved folder would otherwise need looped_lm)."
+        )
     block = (
-        f"\n\n# The decoder block of looped_lm.model.looped, written in when the model was saved.\n{parts}\n\n\n"
+        f"\n\n{_MARKER}\n{looped_model.block_source()}\n\n"
         "class looped_model:\n    'Where the package imports looped_lm.model.looped: the block defined above.'\n\n"
         "    Block = Block\n"
     )
@@ -193,19 +197,25 @@ LoopedLMForCausalLM.forward = _forward
 def write_folder_code(folder) -> Path:
     "Rewrite the copy of this module that `save_pretrained` put in `folder` as `folder_code`; returns its path."
     code = Path(folder) / Path(__file__).name
-    code.write_text(folder_code(code.read_text()))
+    code.write_text(folder_code(code.read_text(encoding='utf-8')), encoding='utf-8')
     return code
 
 
 def _then_write_folder_code(save_pretrained):
-    "A `transformers` class's `save_pretrained`, followed by `write_folder_code` on the folder it wrote."
+    "A `transformers` class's `save_pretrained`, followed by `write_folder_code` where it wrote this module's file."
+    signature = inspect.signature(save_pretrained)
 
     @functools.wraps(save_pretrained)
     def save(self, save_directory, *args, **kwargs):
-        if kwargs.get('push_to_hub'):
-            raise ValueError("Save to a folder, then upload the folder: its code is rewritten after saving.")
+        call = signature.bind(self, save_directory, *args, **kwargs).arguments
+        if call.get('push_to_hub'):
+            raise ValueError(
+                "save_pretrained(push_to_hub=True) would upload the code before it is rewritten: call "
+                "push_to_hub(repo_id), which saves through this method first, or save, then upload the folder."
+            )
         out = save_pretrained(self, save_directory, *args, **kwargs)
-        write_folder_code(save_directory)
+        if call.get('is_main_process', True) and (Path(save_directory) / Path(__file__).name).is_file():
+            write_folder_code(save_directory)  # (another process of a multi-process save wrote no code)
         return out
 
     return save

@@ -20,10 +20,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_model
 from contextlib import suppress
 import dataclasses
+import inspect
 
 # %% auto #0
-__all__ = ['LoopedLMConfig', 'MLP', 'Block', 'linear_ce', 'LoopedOutput', 'LoopedLM', 'num_params', 'forward_flops_per_token',
-           'train_flops_per_token', 'saved_tensor_bytes', 'HubFolderError']
+__all__ = ['LoopedLMConfig', 'MLP', 'Block', 'block_source', 'linear_ce', 'LoopedOutput', 'LoopedLM', 'num_params',
+           'forward_flops_per_token', 'train_flops_per_token', 'saved_tensor_bytes', 'HubFolderError']
 
 # %% ../../nbs/01_model.ipynb #0c479aa1
 @dataclass(frozen=True)
@@ -139,6 +140,14 @@ class Block(nn.Module):
         "One block applied to `h` (with `cache`: the positions after the cached ones)."
         h = h + self.attn(self.norm1(h), cache)
         return h + self.mlp(self.norm2(h))
+
+# %% ../../nbs/01_model.ipynb #blk0src1
+_BLOCK_PARTS = (_dropout, LayerCache, CausalSelfAttention, MLP, Block)  # what `Block` is made of, in order
+
+
+def block_source() -> str:
+    "The source of `Block` and its parts: runs with only `torch`, `nn` and `F` imported (a saved folder carries it)."
+    return '\n\n\n'.join(inspect.getsource(part).rstrip() for part in _BLOCK_PARTS) + "\n"
 
 # %% ../../nbs/01_model.ipynb #d8388970
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:

@@ -32,11 +32,11 @@ from ..training.text import SPLITS
 from ..training.rundir import run_status, RunDirError, latest_checkpoint
 
 # %% auto #0
-__all__ = ['STUDY_LOCK_WAIT', 'EXECUTORS', 'repo_root', 'repo_relative', 'check_folder', 'default_workers', 'check_device',
-           'check_workers', 'grid_dirs', 'WorkerError', 'check_spawn_guard', 'job_data', 'check_lock_wait',
-           'study_lock', 'work_when_free', 'run_jobs', 'plan_data', 'GridStudy', 'finish_grid', 'import_work',
-           'check_options', 'run_grid', 'data_key', 'cache_files', 'prepare_once', 'DataNotReady', 'check_executor',
-           'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
+__all__ = ['STUDY_LOCK_WAIT', 'GPU_BENCH', 'EXECUTORS', 'repo_root', 'repo_relative', 'check_folder', 'default_workers',
+           'check_device', 'check_workers', 'grid_dirs', 'WorkerError', 'check_spawn_guard', 'job_data',
+           'check_lock_wait', 'study_lock', 'work_when_free', 'run_jobs', 'plan_data', 'GridStudy', 'finish_grid',
+           'import_work', 'check_options', 'run_grid', 'load_bench', 'data_key', 'cache_files', 'prepare_once',
+           'DataNotReady', 'check_executor', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
 
 # %% ../../nbs/04a_runner.ipynb #ae478dee
 def repo_root() -> Path:

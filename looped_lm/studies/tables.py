@@ -16,9 +16,10 @@ from ..training.rundir import read_json
 from .variants import VARIANTS
 
 # %% auto #0
-__all__ = ['RECORD_DIAG', 'synthetic_study', 'MissingDiagnostic', 'dig', 'table1', 'read_throughput', 'table_token_norms',
-           'endpoint', 'table_endpoint', 'endpoint_correlations', 'md_cell', 'to_markdown', 'build_tables',
-           'run_record', 'write_run_records', 'read_run_records', 'write_tables']
+__all__ = ['RECORD_DIAG', 'synthetic_record', 'synthetic_study', 'MissingDiagnostic', 'dig', 'table1', 'table2',
+           'read_throughput', 'table4', 'table_scale', 'table_token_norms', 'endpoint', 'table_endpoint',
+           'endpoint_correlations', 'md_cell', 'to_markdown', 'build_tables', 'run_record', 'write_run_records',
+           'read_run_records', 'write_tables']
 
 # %% ../../nbs/04b_tables.ipynb #e5528108
 def _exits(ce: list) -> dict:
