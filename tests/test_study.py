@@ -249,5 +249,8 @@ def test_the_gpu_script_of_the_depth_worth_study_runs_its_tiny_grid_on_the_cpu(t
     (tmp_path / 'kept' / 'B8-one-pass-seed1' / 'depth.jsonl').unlink()
     pub = cmd[:-2] + ['--publish-only', '--out-dir', str(tmp_path)]
     out = subprocess.run(pub, cwd=root, capture_output=True, text=True, env=os.environ)
+    assert out.returncode != 0 and 'have no current record' in out.stderr, out.stdout[-2000:] + out.stderr[-2000:]
+    assert (tmp_path / 'figures' / 'records' / 'B8-one-pass-seed1.jsonl').exists()  # refused: nothing lost
+    out = subprocess.run(pub + ['--remove-stale'], cwd=root, capture_output=True, text=True, env=os.environ)
     assert out.returncode == 0 and 'published 23 of 24' in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
     assert not (tmp_path / 'figures' / 'records' / 'B8-one-pass-seed1.jsonl').exists()

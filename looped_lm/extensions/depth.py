@@ -682,11 +682,12 @@ def plan_records(plan: DepthPlan, data) -> list:
     return kept_records(plan.jobs, RECORDS, lambda j, ck: depth_key(ck, j.cfg, data, *measured))
 
 # %% ../../nbs/06d_depth.ipynb #56511372
-def publish_depth(plan: DepthPlan, data, states: list = None, rebuild=None) -> list:
+def publish_depth(plan: DepthPlan, data, states: list = None, rebuild=None, remove_stale: bool = False) -> list:
     """Every run's current records published and the tables rebuilt (`rebuild(fig_dir)`, default `rebuild_depth`); the
-    records. Called under the study lock: what a finished grid ends with and what an interrupted one publishes."""
+    records. Called under the study lock: what a finished grid ends with and what an interrupted one publishes. A
+    published run with no current record is refused unless `remove_stale` (`publish_records`)."""
     records = plan_records(plan, data)
-    publish_records(plan.jobs, records, plan.fig_dir)
+    publish_records(plan.jobs, records, plan.fig_dir, remove_stale)
     if records:
         (rebuild or rebuild_depth)(plan.fig_dir)
     return records

@@ -111,13 +111,20 @@ def kept_records(jobs, name: str, key_of) -> list:
     return out
 
 
-def publish_records(jobs, records: list, folder):
-    "One `folder/records/<run>.jsonl` per job holding its current `records`; a job without any has no file there."
-    out = Path(folder) / 'records'
+def publish_records(jobs, records: list, folder, remove_stale: bool = False):
+    "One `folder/records/<run>.jsonl` per job holding its current `records`; a published file without any is refused."
+    out, runs = Path(folder) / 'records', {r['run'] for r in records}
+    orphans = [out / f'{j.run_dir.name}.jsonl' for j in jobs if j.run_dir.name not in runs]
+    if (orphans := [p for p in orphans if p.exists()]) and not remove_stale:
+        raise RunDirError(
+            f"{len(orphans)} published record file(s) have no current record in the run folders, e.g. {orphans[0]}: "
+            "publish with the options the study ran with (device, grid, out_dir), or, if those runs were redone on "
+            "purpose, pass remove_stale=True. Nothing was written."
+        )
     out.mkdir(parents=True, exist_ok=True)
     for j in jobs:
         mine, path = [r for r in records if r['run'] == j.run_dir.name], out / f'{j.run_dir.name}.jsonl'
         if mine:
             write_atomic(path, ''.join(json.dumps(r) + '\n' for r in sorted(mine, key=lambda r: r['step'])))
-        elif path.exists():
-            path.unlink()
+    for p in orphans:
+        p.unlink()

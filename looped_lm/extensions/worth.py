@@ -176,9 +176,10 @@ def rebuild_worth(folder, seeds=(1, 2, 3)) -> dict:
     return write_worth(folder, read_depth_records(folder), seeds)
 
 # %% ../../nbs/06e_worth.ipynb #wor00020b
-def publish_worth(plan, data, states: list = None) -> list:
+def publish_worth(plan, data, states: list = None, remove_stale: bool = False) -> list:
     "`publish_depth` with the worth study's tables (`rebuild_worth` over the plan's seeds): how `WORTH` ends."
-    return publish_depth(plan, data, states, rebuild=lambda folder: rebuild_worth(folder, plan.spec.seeds))
+    rebuild = lambda folder: rebuild_worth(folder, plan.spec.seeds)  # noqa: E731
+    return publish_depth(plan, data, states, rebuild=rebuild, remove_stale=remove_stale)
 
 
 WORTH = dataclasses.replace(DEPTH, name='worth', check=partial(check_depth, grids=WORTH_GRIDS), finish=publish_worth)

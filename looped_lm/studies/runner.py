@@ -346,12 +346,12 @@ class GridStudy:
     data: Callable = plan_data
 
 
-def finish_grid(study: GridStudy, plan, data, states: list = None):
+def finish_grid(study: GridStudy, plan, data, states: list = None, **options):
     """`study.finish` under the study lock (its folder made first): how every grid study ends, and what publishes the
-    runs an interrupted one measured (`states` None: nothing was run by this call)."""
+    runs an interrupted one measured (`states` None: nothing was run by this call); `options`: the finish's own."""
     Path(plan.out_dir).mkdir(parents=True, exist_ok=True)
     with study_lock(plan.out_dir):
-        return study.finish(plan, data, states)
+        return study.finish(plan, data, states, **options)
 
 # %% ../../nbs/04a_runner.ipynb #b1d9e20a
 def import_work(ref: str):
