@@ -85,7 +85,8 @@ def test_one_failing_member_fails_its_claim_in_its_sections(claim, member, chang
         else:
             assert a['verdict'] == 'reproduced', a
     others = {c: v['verdict'] for c, v in judged(every_seed, 'extension').items() if c != claim}
-    assert set(others.values()) <= {'reproduced', 'not reproduced at this scale'}
+    assert set(others.values()) <= {'reproduced', 'not reproduced at this scale', 'not testable'}
+    assert {c for c, v in others.items() if v == 'not testable'} <= {'C3', 'C7'}  # only the gated claims, gate failing
 
 
 def test_clamp_modes_are_judged_separately_with_a_seed_range():
@@ -150,7 +151,8 @@ def test_missing_diagnostics_or_failed_members_are_not_measured():
             r.update(status='failed', diag={})
         r['diag'].pop('halting', None)
     cl = evaluate_claims(recs)['primary']['claims']
-    assert cl['C3']['verdict'] == cl['C6']['verdict'] == cl['C7']['verdict'] == 'not measured'
+    assert {cl[c]['verdict'] for c in ('C3', 'C6', 'C7')} == {'not measured: missing perloop-penalty seed 0'}
+    assert cl['C3']['per_seed'] == {'0': None} and cl['C3']['holds_on_mean'] is None  # nothing held or failed
     only_ext = evaluate_claims(synthetic_study((0,), variants=['internorm', 'layernorm']))
     assert only_ext['primary']['variants'] == [] and only_ext['primary']['claims']['C1']['verdict'] == 'not measured'
     assert evaluate_claims(synthetic_study((0,), variants=GROUPS['official']))['extension']['claims'] == {}
@@ -199,3 +201,42 @@ def test_a_not_measured_reason_is_said_once_in_claims_md():
 def test_missing_run_records_name_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match='rerun nbs/05_ablation.ipynb'):
         rebuild(tmp_path)
+
+
+@pytest.mark.parametrize('gone', GROUPS['official'])
+def test_a_claim_over_a_group_without_one_member_reads_not_measured(gone):
+    """Removed from one seed, or from the study, a member of a claim's group makes the claim 'not measured' (naming the
+    run), never a verdict over the members left (issue 58.6: without perloop-raw, C6 read 'reproduced')."""
+    full = evaluate_claims(synthetic_study((0, 1)))['primary']['claims']
+    for recs in (
+        [r for r in synthetic_study((0, 1)) if (r['variant'], r['seed']) != (gone, 1)],
+        [r for r in synthetic_study((0, 1)) if r['variant'] != gone],
+    ):
+        cl = evaluate_claims(recs, design=GROUPS['official'])['primary']['claims']
+        for c, v in cl.items():
+            members = v['at_risk'] + v['controlled'] if c not in ('C2',) else GROUPS['official']
+            if gone in members:
+                assert v['verdict'].startswith('not measured: missing ' + gone), (c, v['verdict'])
+                assert v['holds_on_mean'] is None and set(v['per_seed'].values()) == {None}
+            else:
+                assert v['verdict'] == full[c]['verdict'], (c, v['verdict'])
+
+
+def test_not_testable_is_the_verdict_and_no_claim_carries_two():
+    """Without a one-pass reference (or with one that depth does not beat), C3 and C7 get the verdict 'not testable'
+    with the gate's reason, at every margin; with the reference and depth worth something they are judged."""
+    judged = evaluate_claims(synthetic_study((0, 1)))['primary']
+    assert judged['testability']['verdict'] == 'testable'
+    assert judged['claims']['C3']['verdict'] == judged['claims']['C7']['verdict'] == 'reproduced'
+    for recs in (
+        synthetic_study((0, 1), variants=GROUPS['official']),  # no reference
+        synthetic_study((0, 1), **{'one-pass': dict(ppl=(40,))}),  # one pass beats four: depth worth nothing
+    ):
+        sec = evaluate_claims(recs)['primary']
+        for c in ('C3', 'C7'):
+            v = sec['claims'][c]
+            assert (v['verdict'], v['seeds_held'], v['holds_on_mean']) == ('not testable', '–/2', None), v
+            assert v['evidence'].startswith('not testable: ')
+            assert {m['verdict'] for m in sec['margin_sensitivity'][c].values()} == {'not testable'}
+        md = claims_markdown(dict(primary=sec, extension=dict(label='x', variants=[], claims={})))
+        assert 'not testable — *not testable' not in md and 'not testable — *' in md

@@ -73,6 +73,9 @@ def test_worth_rules_and_tables_rebuild_from_the_committed_records(study, tmp_pa
         assert (dst / p.name).read_bytes() == p.read_bytes(), f"{study}: {p.name} differs from its rebuild"
 
 
+RULES_OF_WORTH = ('R1', 'R2', 'R2b', 'R5')
+
+
 def test_worth_records_follow_the_preregistered_design():
     """figures/depth-worth/: the pre-registration's grid (6 variants x budgets of 1,200 and 4,800 steps x seeds 1-3),
     each record at its budget's last step and naming its machine; every run of a budget that has records is there."""
@@ -86,12 +89,15 @@ def test_worth_records_follow_the_preregistered_design():
     budgets = {'B1200': 1200, 'B4800': 4800}
     assert {(r['arm'], r['step']) for r in recs} <= set(budgets.items())
     assert all(isinstance(r.get('machine'), dict) and r['machine'].get('cpu_capability') for r in recs)
-    for arm in {r['arm'] for r in recs}:
-        have = {(r['variant'], r['seed']) for r in recs if r['arm'] == arm}
-        seeds = {s for _, s in have}
-        assert seeds <= {1, 2, 3} and have == {(v, s) for v in WORTH_VARIANTS for s in seeds}, arm
     rules = json.loads((FIGURES / 'depth-worth' / 'rules.json').read_text())
+    for arm in {r['arm'] for r in recs}:  # a budget still running (its records committed as they land) is no verdict
+        have = {(r['variant'], r['seed']) for r in recs if r['arm'] == arm}
+        assert {s for _, s in have} <= {1, 2, 3} and {v for v, _ in have} <= set(WORTH_VARIANTS), arm
+        if have != {(v, s) for v in WORTH_VARIANTS for s in (1, 2, 3)}:
+            assert all(rules['arms'][arm][r]['verdict'].startswith('not measured: missing ') for r in RULES_OF_WORTH)
     for arm, rs in rules['arms'].items():  # R1 is the one gate, recomputed here without the claims code
+        if rs['R1']['verdict'].startswith('not measured'):
+            continue
         runs = [dict(variant=r['variant'], seed=r['seed'], diag=r['diag']) for r in recs if r['arm'] == arm]
         assert (rs['R1']['verdict'] == 'holds') == gate_by_hand(runs), arm
 
@@ -351,3 +357,65 @@ def test_the_readme_verdict_table_quotes_each_columns_records():
             assert f"{c['seeds_held']})" in cell or f"({c['seeds_held']}" in cell, (claim, cell, c['seeds_held'])
             word = {'reproduced': '**reproduced**', 'partly': 'partly', 'not reproduced at this scale': 'not'}
             assert cell.startswith(word[c['verdict']]), (claim, cell, c['verdict'])
+
+
+def test_every_worth_rule_reads_not_measured_while_any_run_of_its_budget_is_missing():
+    """Issue 54: with a per-loop control missing, R5 was computed over the controls present (against perloop-raw alone
+    B1200 would read 'reproduced'). Each variant and each seed removed in turn, and each single run: every rule of the
+    budget reads 'not measured', naming what is missing; the complete budget keeps its verdicts."""
+    from looped_lm.extensions.depth import read_depth_records
+    from looped_lm.extensions.worth import WORTH_VARIANTS, worth_rules
+
+    recs = [r for r in read_depth_records(FIGURES / 'depth-worth') if r['arm'] == 'B1200']
+    assert worth_rules(recs)['arms']['B1200']['R1']['verdict'] == 'holds'
+    cuts = [('variant', v) for v in WORTH_VARIANTS] + [('seed', s) for s in (1, 2, 3)]
+    cuts += [('run', (v, s)) for v in WORTH_VARIANTS for s in (1, 2, 3)]
+    for what, gone in cuts:
+        left = [r for r in recs if (r[what] if what != 'run' else (r['variant'], r['seed'])) != gone]
+        rules = worth_rules(left)['arms']['B1200']
+        named = gone if what == 'variant' else f"seed {gone}" if what == 'seed' else f"{gone[0]} seed {gone[1]}"
+        for r in RULES_OF_WORTH:
+            assert rules[r]['verdict'].startswith('not measured: missing ') and str(named) in rules[r]['verdict'], (
+                what,
+                gone,
+                r,
+                rules[r]['verdict'],
+            )
+
+
+def test_every_depth_rule_reads_not_measured_while_any_run_of_its_arm_is_missing():
+    "The depth study's R0-R6 likewise: one run removed at one step, or a variant or a seed, and the arm is not measured."
+    from looped_lm.extensions.depth import read_depth_records, depth_rules, DEPTH_VARIANTS
+
+    recs = read_depth_records(FIGURES / 'depth-cpu')
+    design = dict(variants=list(DEPTH_VARIANTS), seeds=[1, 2, 3])
+    assert depth_rules(recs, **design)['arms']['L1']['R1']['verdict'] == 'fails'  # complete: judged
+    cuts = [lambda r, v=v: r['arm'] == 'L1' and r['variant'] == v for v in DEPTH_VARIANTS]
+    cuts += [lambda r, s=s: r['arm'] == 'L1' and r['seed'] == s for s in (1, 2, 3)]
+    cuts += [lambda r: (r['arm'], r['variant'], r['seed'], r['step']) == ('L1', 'perloop-raw', 2, 800)]
+    for cut in cuts:
+        rules = depth_rules([r for r in recs if not cut(r)], **design)['arms']
+        assert all(rules['L1'][f'R{i}']['verdict'].startswith('not measured: missing ') for i in range(1, 7))
+        assert rules['L2']['R1']['verdict'] == 'fails'  # the other arm is complete: still judged
+
+
+def test_no_committed_claim_is_both_not_testable_and_given_another_verdict():
+    """Issue 56: a claim whose gate fails has the verdict 'not testable' (the gate's reason beside it), never 'not
+    reproduced' with the reason only in its evidence text: every committed claims file and rules file is read."""
+    import json
+
+    files = [*FIGURES.glob('*/claims.json'), *FIGURES.glob('*/rules.json')]
+    seen = 0
+    for f in files:
+        d = json.loads(f.read_text())
+        sections = [d[s] for s in ('primary', 'extension') if isinstance(d.get(s), dict)]
+        claims = [c for s in sections for c in s.get('claims', {}).values()]
+        claims += [r for a in (d.get('arms') or {}).values() for r in a.values() if isinstance(r, dict)]
+        for c in claims:
+            tag, verdict = c.get('evidence', ''), c.get('verdict', '')
+            if tag.startswith('not testable') or c.get('claim_verdict') == 'not testable':
+                seen += 1
+                assert verdict.startswith('not testable'), (f.name, c.get('title'), verdict)
+            if verdict.startswith('not testable') and 'per_seed' in c and 'claim_verdict' not in c:
+                assert set(c['per_seed'].values()) <= {None}, (f.name, c.get('title'))
+    assert seen, 'no committed claim is not testable: the check read nothing'

@@ -391,4 +391,6 @@ def machine_of(rec: dict) -> str:
     if not isinstance(m, dict):
         return NO_MACHINE
     where = m.get('gpu') or f"{m.get('cpu')} ({m.get('cpu_capability')}, {m.get('torch_threads')} threads)"
-    return f"{where}, torch {m.get('torch')}, {m.get('device')}" + (f", {m['dtype']}" if m.get('dtype') else '')
+    line = f"{where}, torch {m.get('torch')}, {m.get('device')}" + (f", {m['dtype']}" if m.get('dtype') else '')
+    before = [f"{machine_of(dict(machine=e))} from step {e.get('from_step')}" for e in m.get('earlier') or ()]
+    return line + (f" (resumed there; earlier: {'; '.join(before)})" if before else '')

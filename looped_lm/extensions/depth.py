@@ -17,7 +17,7 @@ from ..core.files import write_atomic, machine_record
 from ..training.train import lr_at
 from ..measure.diagnostics import diagnose_trained, EVAL_TOKENS
 from ..measure.diagnostics import checkpoint_id, DIAG_VERSION
-from ..studies.variants import VARIANTS, Variant, check_seeds
+from ..studies.variants import VARIANTS, GROUPS, Variant, check_seeds
 from ..studies.runner import check_device, check_workers, grid_dirs, job_data
 from ..studies.runner import GridStudy, plan_data, run_grid
 from .grid import advance_kept, kept_dir, kept_records, load_kept, publish_records, read_records
@@ -25,10 +25,11 @@ from .grid import record_once
 
 # %% auto #0
 __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'DEPTH_GRIDS', 'DEPTH_VERSION', 'RECORDS', 'RULES', 'AT_RISK_V',
-           'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'ROW_COLUMNS', 'DEPTH', 'dose_variant', 'khop_data',
-           'khop_corpus', 'DepthGrid', 'check_depth', 'depth_key', 'depth_row', 'arm_runs', 'rule_r1',
-           'official_claims', 'spearman', 'rule_r3', 'depth_table', 'read_depth_records', 'write_depth',
-           'rebuild_depth', 'plan_records', 'publish_depth', 'depth_data', 'depth_fields', 'run_depth']
+           'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'RULE_KINDS', 'ROW_COLUMNS', 'DEPTH', 'dose_variant',
+           'khop_data', 'khop_corpus', 'DepthGrid', 'check_depth', 'depth_key', 'depth_row', 'arm_runs', 'rule_r1',
+           'official_claims', 'spearman', 'rule_r3', 'missing_runs', 'not_measured', 'depth_table',
+           'read_depth_records', 'write_depth', 'rebuild_depth', 'plan_records', 'publish_depth', 'depth_data',
+           'depth_fields', 'run_depth']
 
 # %% ../../nbs/06d_depth.ipynb #a2e5e010
 def dose_variant(lam: float) -> Variant:
@@ -43,12 +44,7 @@ def dose_variant(lam: float) -> Variant:
     )
 
 
-ONE_PASS = Variant(
-    'one-pass',
-    'the stack applied once (K = 1), raw readout: the depth-value reference',
-    'reference',
-    dict(loss='perloop', readout='raw', norm_penalty=0, recurrence='plain', K=1),
-)
+ONE_PASS = VARIANTS['one-pass']  # the depth-value reference (04_variants)
 DEPTH_VARIANTS = {
     v.name: v
     for v in [
@@ -63,7 +59,7 @@ DEPTH_VARIANTS = {
     ]
 }
 DOSE = list(DEPTH_VARIANTS)[:4]  # λ = 0, 1e-4, 1e-3 and the preset's control_norm_penalty (1e-2), in that order
-OFFICIAL = [n for n in DEPTH_VARIANTS if n in VARIANTS]  # the paper's conditions among them: C1-C7 as today
+OFFICIAL = [n for n in DEPTH_VARIANTS if n in GROUPS['official']]  # the paper's conditions among them: C1-C7
 
 # %% ../../nbs/06d_depth.ipynb #1d609ce4
 KHOP_SPLITS = dict(train=(16001, 0), validation=(1001, 1), test=(1001, 2))  # split: (episodes, generator seed)
@@ -398,7 +394,7 @@ def rule_r1(records: list, arm: str, step: int) -> dict:
 # %% ../../nbs/06d_depth.ipynb #3b096cc0
 def official_claims(records: list, arm: str, step: int) -> dict:
     "C1-C7 as today (`claims`) over the arm's official conditions at `step`, gated with its one-pass runs."
-    return evaluate_claims(arm_runs(records, arm, step, [*OFFICIAL, ONE_V]))
+    return evaluate_claims(arm_runs(records, arm, step, [*OFFICIAL, ONE_V]), design=OFFICIAL)
 
 
 def _gated(r1: dict, claim: dict) -> dict:
@@ -552,9 +548,27 @@ def rule_r0(records: list, step: int, reference=None, horizon=None) -> dict:
         else f"fails: {len(bad_a)} of {len(diffs)} records and {len(bad_b)} of {len(hashes)} weight hashes differ",
     )
 
+# %% ../../nbs/06d_depth.ipynb #dep0miss
+def missing_runs(records: list, arm: str, steps, variants, seeds) -> list:
+    "The design's runs of `arm` (each of `variants` x `seeds`) with no record at one of `steps`, each named."
+    have = {(r['variant'], r['seed'], r['step']) for r in records if r['arm'] == arm}
+    at = lambda t: f" at step {t:,}" if len(steps) > 1 else ''  # noqa: E731
+    return [f"{v} seed {s}{at(t)}" for v in variants for s in seeds for t in steps if (v, s, t) not in have]
+
+
+def not_measured(missing: list, kind: str) -> dict:
+    "A rule over a group with a member missing: no verdict is read from the rest; the missing runs are named."
+    return dict(verdict='not measured: missing ' + ', '.join(missing), kind=kind, missing=missing)
+
+
+RULE_KINDS = dict(R0='identity', R1='precondition', R2='consequence', R3='consequence', R4='description')
+RULE_KINDS.update(R5='consequence', R6='description')
+
 # %% ../../nbs/06d_depth.ipynb #0846ef87
-def depth_rules(records: list, reference=None, horizon=None) -> dict:
-    "R0-R6 per arm from the study's records (`reference`: cpu-3seeds' records; `horizon`: its records folder)."
+def depth_rules(records: list, reference=None, horizon=None, variants=None, seeds=None) -> dict:
+    """R0-R6 per arm from the study's records (`reference`: cpu-3seeds' records; `horizon`: its records folder). Every
+    rule of an arm reads 'not measured' while a run of its design (`variants` x `seeds` at both steps; default: every
+    variant and seed of the study) is missing."""
     rows = [depth_row(r) for r in records]
     steps = sorted({r['step'] for r in rows})
     if len(steps) != 2:
@@ -563,7 +577,14 @@ def depth_rules(records: list, reference=None, horizon=None) -> dict:
         )
     before, after = steps
     out = dict(thresholds=RULES, steps=dict(before=before, after=after), seeds=_seeds(rows), arms={})
+    variants = variants or sorted({r['variant'] for r in rows}, key=list(DEPTH_VARIANTS).index)
     for arm in sorted({r['arm'] for r in rows}, key=lambda a: (a != REFERENCE_ARM, a)):
+        missing = missing_runs(records, arm, (before, after), variants, seeds or _seeds(rows))
+        if missing:
+            out['arms'][arm] = {r: not_measured(missing, k) for r, k in RULE_KINDS.items()}
+            if arm != REFERENCE_ARM:
+                out['arms'][arm]['R0'] = dict(verdict='not applicable')
+            continue
         r1 = rule_r1(records, arm, after)
         cl = official_claims(records, arm, after)['primary']['claims']
         out['arms'][arm] = dict(

@@ -17,6 +17,7 @@ from ..studies.runner import run_grid
 from .depth import DEPTH, DepthGrid, check_depth, depth_row, depth_table, publish_depth
 from .depth import read_depth_records, rule_r1
 from .depth import official_claims, ROW_COLUMNS, AT_RISK_V, PER_LOOP_CONTROLS
+from .depth import missing_runs, not_measured
 
 # %% auto #0
 __all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'WORTH', 'write_worth', 'rebuild_worth', 'publish_worth',
@@ -111,12 +112,19 @@ def rule_c7(claim: dict, r1: dict) -> dict:
     return dict(out, verdict=NOT_REPRODUCED if not claim['holds_on_mean'] and sum(held) <= 1 else 'undecided')
 
 # %% ../../nbs/06e_worth.ipynb #wor00014
-def worth_rules(records: list, seeds=(1, 2, 3)) -> dict:
-    """R1, R2, R2′ and R5 per budget (arm) at its last step, from the study's records alone; a budget measured on fewer
-    than the design's `seeds` is marked provisional, with the seeds it waits for."""
+def worth_rules(records: list, seeds=(1, 2, 3), variants=WORTH_VARIANTS) -> dict:
+    """R1, R2, R2′ and R5 per budget (arm) at its last step, from the study's records alone. Every rule of a budget
+    reads 'not measured', naming the runs, while a run of the design (`variants` x `seeds`) is missing there; such a
+    budget is also marked provisional, with the seeds it waits for."""
     out = dict(thresholds=GATE, seeds=list(seeds), arms={})
     for arm in sorted({r['arm'] for r in records}, key=lambda a: int(''.join(filter(str.isdigit, a)) or 0)):
         step, cell, have = _rows_at(records, arm)
+        missing = missing_runs(records, arm, (step,), variants, seeds)
+        if missing:
+            kinds = dict(R1='precondition', R2='consequence', R2b='consequence (secondary)', R5='consequence')
+            rules = {r: not_measured(missing, k) for r, k in kinds.items()}
+            out['arms'][arm] = dict(step=step, seeds=have, provisional=[s for s in seeds if s not in have], **rules)
+            continue
         r1, claims = rule_r1(records, arm, step), official_claims(records, arm, step)['primary']['claims']
         full = all((v, s) in cell for v in (AT_RISK_V, *PER_LOOP_CONTROLS) for s in have)
         out['arms'][arm] = dict(

@@ -75,7 +75,7 @@ def check_params(
     names, seeds = check_variants(variants), check_seeds(seeds, cfg.seed_list)
     default_out = out_dir in (None, '')
     out = repo_root() / 'results' / preset if default_out else Path(out_dir)
-    main = names == list(VARIANTS) and seeds == cfg.seed_list
+    main = names == check_variants(None) and seeds == cfg.seed_list  # the default study: results/<preset>/
     study_dir = out if main else out / f'study-{study_key(names, seeds)}'
     fig = (
         Path(fig_dir)

@@ -403,7 +403,7 @@ def depth_gate(records) -> dict:
     try:
         per = {s: _gate_inputs(views[s], reference[s][REFERENCE]) for s in seeds}
     except KeyError as e:
-        return dict(verdict='not testable', kind='precondition', why=[f'not measured: no {e.args[0]!r} among its runs'])
+        return dict(verdict='not measured', kind='precondition', why=[f'no {e.args[0]!r} among its runs'])
     mean_s = [float(np.mean([p['s'][i] for p in per.values()])) for i in (0, 1)]
     per = {s: dict(D=p['D'], raw_gain=p['raw_gain'], s_ratio=p['s'][0] / p['s'][1]) for s, p in per.items()}
     mean = dict(
@@ -439,8 +439,8 @@ def evidence_tags(views: dict, names: list, gate: dict) -> dict:
         tags['C2'] = '; '.join(sides)
     if _vals(mean, nrm, 'lemma ratio') is not None:
         tags['L1'] = "identity: our float64 measurement against the lemma's closed form, not a training outcome"
-    if gate['verdict'] != 'testable':
-        tags['C3'] = tags['C7'] = 'not testable: ' + '; '.join(gate['why'])
+    if gate['verdict'] != 'testable':  # not testable (or a run the gate reads is missing: not measured)
+        tags['C3'] = tags['C7'] = f"{gate['verdict']}: " + '; '.join(gate['why'])
     return tags
 
 # %% ../../nbs/04c_claims.ipynb #e7486f2c
@@ -480,7 +480,31 @@ def claim_set(records, names: list, gate: dict = None) -> dict:
         )
     for cid, tag in evidence_tags(views, names, gate).items():
         out[cid]['evidence'] = tag
+    for c, v in out.items():
+        if v.get('evidence', '').startswith((NOT_TESTABLE, 'not measured')):
+            out[c] = untestable(v, v['evidence'] if v['evidence'].startswith('not measured') else NOT_TESTABLE)
+    gone = absent_runs(records, names)
+    for cid, v in out.items():
+        members = names if cid in ('C2', 'L1') else v['at_risk'] + v['controlled']
+        if miss := [f"{n} seed {s}" for n, s in gone if n in members]:
+            out[cid] = untestable(v, 'not measured: missing ' + ', '.join(miss))
     return out
+
+
+def absent_runs(records, names: list) -> list:
+    "(variant, seed) of `names` x the records' seeds with no finished run: a claim over a group needs every member."
+    done = {(r['variant'], r['seed']) for r in records if r['status'] == 'done'}
+    return [(n, s) for n in names for s in sorted({r['seed'] for r in records}) if (n, s) not in done]
+
+
+NOT_TESTABLE = 'not testable'  # the verdict of a claim whose gate fails: no outcome is read from its numbers
+
+
+def untestable(claim: dict, verdict: str = NOT_TESTABLE) -> dict:
+    """A claim no outcome is read from (its gate failed, or a member of its group is missing): `verdict`, no seed held
+    or not (its numbers stay, descriptive only)."""
+    per = {s: None for s in claim['per_seed']}
+    return dict(claim, verdict=verdict, holds_on_mean=None, per_seed=per, seeds_held=f"–/{len(per)}")
 
 # %% ../../nbs/04c_claims.ipynb #2d361560
 STRENGTHS = (0.5, 1.0, 2.0)  # half of every claimed effect (looser), the margin itself, double it (stricter)
@@ -515,16 +539,17 @@ def _judged_with(margins: dict):
         MARGINS.update(saved)
 
 
-def margin_sensitivity(records, names: list, judged: dict = None) -> dict:
+def margin_sensitivity(records, names: list, judged: dict = None, gate: dict = None) -> dict:
     """Per claim over `names`: its verdict and seeds held at half, one and double its margin (`STRENGTHS`); `judged`:
-    the claims already judged at the margin itself (`claim_set`), not judged again."""
+    the claims already judged at the margin itself (`claim_set`), not judged again; `gate`: C3/C7's `depth_gate`
+    (its thresholds are no claim's margin: the same gate at every strength)."""
     at = {}
     for f in STRENGTHS:
         if f == 1 and judged is not None:
             at[f] = judged
             continue
         with _judged_with(margins_at(f)):
-            at[f] = claim_set(records, names)
+            at[f] = claim_set(records, names, gate)
     pick = lambda c: dict(verdict=c['verdict'], seeds_held=c['seeds_held'])
     return {cid: {f'{f:g}': pick(at[f][cid]) for f in STRENGTHS} for cid in at[1]}
 
@@ -674,7 +699,7 @@ def testable_later_tags(names: list, claims: dict, gate: dict, choice: dict, lat
 
 def context_tags(records, names: list, claims: dict, choice: dict, gate: dict) -> dict:
     "{claim: tag}: selected for or contingent, transient (fragile), testable later; one claim can carry several."
-    judged = {c: v for c, v in claims.items() if not v.get('evidence', '').startswith('not testable')}
+    judged = {c: v for c, v in claims.items() if not v['verdict'].startswith(('not testable', 'not measured'))}
     later = longer_records(choice)  # read once: the transient and the testable-later tags read it
     tags = {
         c: [f"selected for: the preset was chosen on {choice['criterion']}"]
@@ -728,7 +753,7 @@ def claims_section(label: str, records, names: list, ref: list, choice: dict | N
     evaluated when `judged`, else every claim not measured; `choice`: the preset's choice record, which adds tags."""
     gate = depth_gate([r for r in records if r['variant'] in names] + ref) if judged else {}
     both = claim_set(records, names, gate) if judged else {}
-    ms = margin_sensitivity(records, names, both) if judged else {}
+    ms = margin_sensitivity(records, names, both, gate) if judged else {}
     for c, tag in (context_tags(records, names, both, choice, gate) if judged and choice else {}).items():
         both[c]['evidence'] = '; '.join(t for t in (both[c].get('evidence'), tag) if t)
     claims, checks = ({c: v for c, v in both.items() if c in group} for group in (CLAIMS, CHECKS))
@@ -751,20 +776,23 @@ def preregistration(preset: str | None, choice: dict | None) -> dict:
         heavy_tail_hill=HEAVY_TAIL_HILL,
         internorm='judged on growth across loops ‖H_K‖/‖H_1‖, not on its absolute norm (C1); not in C5a',
         verdicts='reproduced: on the mean and every seed; partly: on the mean or some seeds; not reproduced at '
-        'this scale: nowhere; not measured: variants or diagnostics absent',
+        'this scale: nowhere; not testable: C3/C7 where depth_gate fails; not measured: a diagnostic absent, or a '
+        'member of the claim\'s group without a finished run on some seed',
         margins_at={f'{f:g}': margins_at(f) for f in STRENGTHS if f != 1},
         preset=preset,
         choice={k: v for k, v in choice.items() if k != 'root'} if choice else None,
     )
 
 
-def evaluate_claims(records, preset: str = None, root=None) -> dict:
+def evaluate_claims(records, preset: str = None, root=None, design=None) -> dict:
     """The pre-registered claims: `primary` over the study's official conditions, `extension` over all its variants,
     each with its numerical checks; `preset`: the study's, whose choice record (`preset_choice`) adds its tags. Runs of
-    the depth-value reference (`REFERENCE`) are no condition: C3/C7's `depth_gate` reads them."""
+    the depth-value reference (`REFERENCE`) are no condition: C3/C7's `depth_gate` reads them. `design`: the variants
+    the study set out to train (default: those its records name); a claim over a group missing one: not measured."""
     ref = [r for r in records if r['variant'] == REFERENCE]
     records = [r for r in records if r['variant'] != REFERENCE]
-    names = sorted({r['variant'] for r in records}, key=list(VARIANTS).index)
+    names = {r['variant'] for r in records} | {v for v in design or () if v != REFERENCE}
+    names = sorted(names, key=list(VARIANTS).index)
     official = [n for n in names if VARIANTS[n].group == 'official']
     ext = names if any(VARIANTS[n].group != 'official' for n in names) else []
     choice = preset_choice(preset, root)
@@ -822,7 +850,8 @@ def _claim_rows(what: str, claims: dict) -> list:
             )
             for k, x in v['numbers'].items()
         )
-        verdict = v['verdict'] + (f" — *{md_cell(v['evidence'])}*" if 'evidence' in v else '')
+        tag = v.get('evidence', '').removeprefix(v['verdict'] + ': ')  # not testable: the gate's reason once
+        verdict = v['verdict'] + (f" — *{md_cell(tag)}*" if tag else '')
         out.append(f"| {c} {v['title']} | {md_cell(v['statement'])} | {nums} | {v['seeds_held']} | {verdict} |")
     return out + ['']
 

@@ -11,13 +11,13 @@ import yaml
 from ..core.config import ExperimentConfig, ConfigError, check_seed_values
 
 # %% auto #0
-__all__ = ['VARIANTS', 'GROUPS', 'AT_RISK', 'Variant', 'check_seeds', 'check_variants']
+__all__ = ['VARIANTS', 'GROUPS', 'PRIMARY', 'AT_RISK', 'Variant', 'check_seeds', 'check_variants']
 
 # %% ../../nbs/04_variants.ipynb #f925d387
 @dataclass(frozen=True)
 class Variant:
-    """A named set of trainer/model options (`overrides` of the preset); `group` is 'official' (the paper's Table 1)
-    or 'extension' (ours)."""
+    """A named set of trainer/model options (`overrides` of the preset); `group` is 'official' (the paper's Table 1),
+    'reference' (what a claim's gate reads, no condition of the paper) or 'extension' (ours)."""
 
     name: str
     description: str
@@ -99,11 +99,18 @@ VARIANTS = {
             recurrence='internorm',
         ),
         _v('layernorm', 'extension', 'per-loop CE through a LayerNorm readout', 'perloop', 'layernorm'),
+        Variant(
+            'one-pass',
+            'the stack applied once (K = 1), raw readout: the depth-value reference of C3 and C7\'s gate',
+            'reference',
+            dict(loss='perloop', readout='raw', norm_penalty=0, recurrence='plain', K=1),
+        ),
     ]
 }
 
 # %% ../../nbs/04_variants.ipynb #ddace06d
-GROUPS = {g: [n for n, v in VARIANTS.items() if v.group == g] for g in ('official', 'extension')}
+GROUPS = {g: [n for n, v in VARIANTS.items() if v.group == g] for g in ('official', 'reference', 'extension')}
+PRIMARY = [*GROUPS['official'], *GROUPS['reference']]  # what a study trains by default: the paper's seven + one pass
 AT_RISK = 'perloop-rmsnorm'  # per-loop CE through RMSNorm readouts: the at-risk condition the studies follow
 
 # %% ../../nbs/04_variants.ipynb #474ecfb5
@@ -141,10 +148,11 @@ def check_seeds(seeds, default: list) -> list:
 
 # %% ../../nbs/04_variants.ipynb #789f18f4
 def check_variants(variants) -> list:
-    "Variant names in the official row order; 'all' (default), 'official' and 'extension' name groups."
+    """Variant names in the official row order; 'primary' (default: the official seven and the one-pass reference),
+    'all', 'official', 'reference' and 'extension' name groups."""
     names = []
-    for n in as_list('all' if variants is None else variants, 'variants'):
-        names += list(VARIANTS) if n == 'all' else GROUPS.get(n, [n])
+    for n in as_list('primary' if variants is None else variants, 'variants'):
+        names += list(VARIANTS) if n == 'all' else PRIMARY if n == 'primary' else GROUPS.get(n, [n])
     if not names:
         raise ConfigError(
             f"variants {variants!r} selects no variant; name at least one of: {', '.join(VARIANTS)} (or 'all')."
@@ -152,7 +160,8 @@ def check_variants(variants) -> list:
     bad = [n for n in names if n not in VARIANTS]
     if bad:
         raise ConfigError(
-            f"Unknown variant(s) {bad}. Valid variants: {', '.join(VARIANTS)} (or 'all', 'official', 'extension')."
+            f"Unknown variant(s) {bad}. Valid variants: {', '.join(VARIANTS)} (or the groups 'primary', 'all', "
+            f"{', '.join(repr(g) for g in GROUPS)})."
         )
     if len(set(names)) < len(names):
         raise ConfigError(f"variants {names} name a variant twice.")

@@ -25,11 +25,12 @@ from ..core.config import ConfigError
 from ..model.looped import LoopedLM, LoopedLMConfig
 
 # %% auto #0
-__all__ = ['CKPT_FILES', 'CKPT_FORMAT', 'TRAINING_CODE', 'RUN_FILES', 'CODE_OVERRIDE', 'RunDirError', 'read_json', 'run_status',
-           'set_status', 'expected_records', 'parse_metrics', 'read_metrics', 'record_mismatch', 'append_metrics',
-           'record_hashes', 'DamagedCheckpointError', 'verify_checkpoint', 'data_record', 'CheckpointWriteError',
-           'save_checkpoint', 'checkpoint_machine', 'latest_checkpoint', 'load_checkpoint', 'restore_config',
-           'check_writable', 'run_lock', 'check_code', 'check_identity', 'check_run_data', 'load_run']
+__all__ = ['CKPT_FILES', 'CKPT_FORMAT', 'TRAINING_CODE', 'MACHINE_KEYS', 'RUN_FILES', 'CODE_OVERRIDE', 'RunDirError', 'read_json',
+           'run_status', 'set_status', 'expected_records', 'parse_metrics', 'read_metrics', 'record_mismatch',
+           'append_metrics', 'record_hashes', 'DamagedCheckpointError', 'verify_checkpoint', 'data_record',
+           'CheckpointWriteError', 'save_checkpoint', 'checkpoint_machine', 'latest_checkpoint', 'record_machine',
+           'load_checkpoint', 'restore_config', 'check_writable', 'run_lock', 'check_code', 'check_identity',
+           'check_run_data', 'load_run']
 
 # %% ../../nbs/02b_rundir.ipynb #5593e09a
 class RunDirError(RuntimeError):
@@ -265,6 +266,7 @@ def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, data: 
                 config=config,
                 code=code_record(TRAINING_CODE),
                 machine=machine_record(str(next(model.parameters()).device), (config or {}).get('dtype')),
+                machines=read_json(run_dir / 'machine.json', [], damaged=lambda p, e: []),  # every machine so far
             ),
         )
         shutil.rmtree(d, ignore_errors=True)
@@ -281,9 +283,14 @@ def save_checkpoint(run_dir, model, opt, step: int, gen: torch.Generator, data: 
 
 # %% ../../nbs/02b_rundir.ipynb #ckmach01
 def checkpoint_machine(ckpt_dir) -> dict | None:
-    "The machine that trained checkpoint `ckpt_dir` (its state's `machine_record`); None: written before it was kept."
-    m = _read_state(Path(ckpt_dir)).get('machine')
-    return m if isinstance(m, dict) else None
+    """The machine that trained checkpoint `ckpt_dir` (its state's `machine_record`), with the machines that trained
+    the run before it as `earlier` (each with the step it started from) when there were any; None: written before
+    machines were kept."""
+    state = _read_state(Path(ckpt_dir))
+    m, history = state.get('machine'), state.get('machines') or []
+    if not isinstance(m, dict):
+        return None
+    return dict(m, earlier=history[:-1]) if len(history) > 1 else m
 
 # %% ../../nbs/02b_rundir.ipynb #174f1e34
 def latest_checkpoint(run_dir):
@@ -303,6 +310,38 @@ def latest_checkpoint(run_dir):
         f"{p} names the checkpoint {name!r}, which is missing or incomplete (the trainer never leaves it so: "
         f"it was deleted or damaged). Delete {Path(run_dir)} to train that run again from the start."
     )
+
+# %% ../../nbs/02b_rundir.ipynb #rdmach01
+MACHINE_KEYS = (
+    'cpu',
+    'cpu_capability',
+    'torch_threads',
+    'torch',
+    'numpy',
+    'device',
+    'dtype',
+    'gpu',
+    'gpu_count',
+    'cuda',
+)
+
+
+def record_machine(run_dir, step: int, device: str, dtype: str | None) -> list:
+    """`machine.json` of a run starting or resuming at `step`: every machine that trained it, oldest first, each with
+    the step it started from; this machine is appended when it differs from the last (another CPU, ISA, GPU, torch,
+    threads, device or dtype). A run from before the file existed starts it from its newest checkpoint's machine."""
+    p = Path(run_dir) / 'machine.json'
+    had = read_json(p, None, damaged=lambda p, e: None)
+    if not isinstance(had, list):
+        ckpt = latest_checkpoint(run_dir)
+        first = checkpoint_machine(ckpt) if ckpt is not None and step > 0 else None
+        unknown = 'read from its checkpoint: the step it started from is unknown'
+        had = [dict(first, from_step=None, note=unknown)] if first else []
+    now = machine_record(device, dtype)
+    if not had or any(had[-1].get(k) != now.get(k) for k in MACHINE_KEYS):
+        had = [*had, dict(now, from_step=step)]
+    write_atomic(p, json.dumps(had, indent=1))
+    return had
 
 # %% ../../nbs/02b_rundir.ipynb #b07c0558
 def config_diff(old: dict, cfg: ExperimentConfig) -> list:
@@ -364,7 +403,7 @@ def restore_config(run_dir) -> dict:
     return c
 
 # %% ../../nbs/02b_rundir.ipynb #074c5028
-RUN_FILES = ('status.json', 'metrics.jsonl', 'data.json', 'code.json', 'latest')  # and `ckpt-*`: what a run leaves
+RUN_FILES = ('status.json', 'metrics.jsonl', 'data.json', 'code.json', 'machine.json', 'latest')  # and `ckpt-*`
 
 
 def check_writable(run_dir: Path):

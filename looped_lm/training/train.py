@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from ..model.looped import LoopedLM, LoopedLMConfig, train_flops_per_token
 from ..model.lemmas import radial_fraction
-from ..core.files import write_atomic, sweep_stale_tmp, LockedError, WriteError
+from ..core.files import write_atomic, sweep_stale_tmp, LockedError, WriteError, machine_of
 
 # %% auto #0
 __all__ = ['PEAK_BF16_FLOPS', 'resolve_device', 'autocast', 'ddp_world', 'norm_penalty', 'training_objective', 'param_groups',
@@ -49,6 +49,7 @@ from looped_lm.training.rundir import (
     check_identity,
     check_run_data,
     check_code,
+    record_machine,
 )
 from ..core.config import load_preset, list_presets, parse_values
 
@@ -455,7 +456,10 @@ def start_run(
     model, opt, gen, step = restore_model(cfg, run_dir, data, device)  # the checkpoint's own records checked
     if rank == 0:
         record_identity(cfg, run_dir, data, code)
+        machines = record_machine(run_dir, step, str(next(model.parameters()).device), cfg.dtype)  # machine.json
         set_status(run_dir, 'running', step)
+        if progress:
+            print(f"{label or run_dir.name}: from step {step} on {machine_of(dict(machine=machines[-1]))}", flush=True)
     if cfg.compile:
         model.loop = torch.compile(model.loop)  # one graph for the shared stack, whatever the exit depth
     net = nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
