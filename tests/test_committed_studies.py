@@ -275,6 +275,25 @@ def test_the_readme_quotes_the_depth_worth_numbers_its_records_give():
     assert f'the drifting model gains {at:.4f} nats, the weakest control {weakest:.3f}' in readme, (at, weakest)
     assert f"{rules['R5']['numbers']['loops saved']:.3f} loops earlier" in readme
     assert rules['R1']['verdict'] == 'holds' and '(R1 holds)' in readme
+    # issue 54: the secondary reading's numbers, as the README, the study's README and the chapter quote them
+    flat = lambda text: ' '.join(text.split())  # sentences read across line breaks
+    study, readme = flat((FIGURES / 'depth-worth' / 'README.md').read_text()), flat(readme)
+    cells = json.loads((FIGURES.parent / 'nbs' / '06e_worth.ipynb').read_text())['cells']
+    chapter = flat(' '.join(''.join(c['source']) for c in cells if c['cell_type'] == 'markdown'))
+    controls = ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty')
+    g_best = lambda v, s: math.log(ppl[v, s][0] / min(ppl[v, s]))
+    share = [g_best('perloop-rmsnorm', s) / min(g_best(v, s) for v in controls) for s in seeds]
+    span = f"{100 * min(share):.0f}–{100 * max(share):.0f}% of the least control's"
+    assert span in readme and span in study and span in chapter, span
+    worst = [
+        s
+        for s in seeds
+        if all(p > max(ppl[v, s][k] for v in controls) for k, p in enumerate(ppl['perloop-rmsnorm', s]))
+    ]
+    words = 'seeds ' + ' and '.join(map(str, worst))
+    assert worst == [1, 3] and f'worst per-loop model at every exit on {words}' in readme, worst
+    per_seed = ', '.join(f'{min(g):.4f}' for g in zip(*(g_k(v) for v in controls)))
+    assert f'{weakest:.4f} ({per_seed})' in study and f"weakest control's {weakest:.4f}" in chapter
 
 
 def test_the_claims_and_the_depth_study_share_one_gate():

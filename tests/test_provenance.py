@@ -121,3 +121,34 @@ def test_a_run_record_names_the_machines_that_trained_and_measured_it(smoke_run,
     assert where == {f"trained on {machine_of(dict(machine=trained))}": 1}, where
     old = {k: v for k, v in line.items() if k != 'machine'}
     assert claims_markdown(evaluate_claims([old])).startswith(f"Made on: {NO_MACHINE} (1 run).")
+
+
+def test_a_run_folder_names_its_machine_in_json_and_a_resume_elsewhere_appends_it(tmp_path, smoke_data, capsys):
+    """Issues 56 and 58: `machine.json` beside `config.json` names the CPU, the ISA torch dispatched to, torch and numpy
+    versions, threads, device and dtype, written when the run starts; a resume on another machine appends it (the
+    first is kept), the checkpoint and the report's `trained` name both, and training prints the machine first."""
+    from looped_lm.core.files import machine_record, machine_of
+    from looped_lm.training.rundir import checkpoint_machine
+
+    cfg, rd = load_preset('smoke', train_tokens=8 * 8 * 32, log_every=4, ckpt_every=4), tmp_path / 'run'
+    train(cfg, rd, data=smoke_data, max_steps=4, progress=True)
+    first_lines = capsys.readouterr().out.splitlines()[:3]
+    here = machine_record('cpu', cfg.dtype)
+    assert any(here['cpu'] in line and here['cpu_capability'] in line for line in first_lines), first_lines
+    machines = json.loads((rd / 'machine.json').read_text())
+    assert len(machines) == 1 and machines[0]['from_step'] == 0
+    for key in ('cpu', 'cpu_capability', 'torch', 'numpy', 'torch_threads', 'device', 'dtype'):
+        assert machines[0][key] == here[key], key
+    machines[0]['cpu_capability'] = 'AVX2' if here['cpu_capability'] != 'AVX2' else 'DEFAULT'  # paused elsewhere
+    (rd / 'machine.json').write_text(json.dumps(machines))
+    train(cfg, rd, data=smoke_data, progress=False)  # resumed here from step 4
+    after = json.loads((rd / 'machine.json').read_text())
+    assert [(m['cpu_capability'], m['from_step']) for m in after] == [
+        (machines[0]['cpu_capability'], 0),
+        (here['cpu_capability'], 4),
+    ]
+    trained = checkpoint_machine(latest_checkpoint(rd))
+    assert trained['cpu_capability'] == here['cpu_capability'] and len(trained['earlier']) == 1
+    assert 'earlier:' in machine_of(dict(machine=trained)) and machines[0]['cpu_capability'] in machine_of(
+        dict(machine=trained)
+    )

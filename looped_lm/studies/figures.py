@@ -68,9 +68,10 @@ class Results:
     throughput, notes."""
 
     out_dir: Path
-    runs: dict  # variant -> [dict(seed, run_dir, diag, metrics, config)]
+    runs: dict  # variant -> [dict(seed, run_dir, diag, metrics, config)]: the study's conditions
     throughput: list | None = None
     notes: list = field(default_factory=list)
+    reference: dict = field(default_factory=dict)  # the same for the reference runs (one-pass): drawn beside exit 1
 
     def having(self, key: str, kind=None) -> dict:
         "The variants whose every seed's report has `key` (of type `kind`, if given)."
@@ -92,7 +93,9 @@ def results_of(records, out_dir, throughput=None, found=None, variants=None) -> 
         )
     names = variants if variants is not None else list(dict.fromkeys(r['variant'] for r in records))
     notes += [f"{v}: no finished run in {out_dir}." for v in names if v not in runs]
-    return Results(Path(out_dir), runs, throughput, notes)
+    ref = {v: rs for v, rs in runs.items() if VARIANTS[v].group == 'reference'}
+    runs = {v: rs for v, rs in runs.items() if v not in ref}
+    return Results(Path(out_dir), runs, throughput, notes, ref)
 
 
 def load_results(out_dir, variants=None, seeds=None) -> Results:
@@ -288,6 +291,10 @@ def fig_ppl_vs_exit(res: Results):
         for v, seeds in group.items():
             ex = _exits(seeds)
             _band(ax, [e['k'] for e in ex[0]], [[e['ppl'] for e in s] for s in ex], pal[v], v, marker='o')
+        for v, seeds in res.reference.items() if group is groups[0][1] else ():  # one pass: what depth is worth
+            ppl = [_exits([s])[0][0]['ppl'] for s in seeds]
+            ax.errorbar([1], [np.mean(ppl)], [[np.mean(ppl) - min(ppl)], [max(ppl) - np.mean(ppl)]], color='black',
+                        marker='D', ls='none', label=f"{v} (K = 1)", zorder=5)  # fmt: skip
         ax.set_yscale('log')
         ax.set_xlabel('exit depth k')
         ax.set_title(title, fontsize=9)
