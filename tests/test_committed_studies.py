@@ -403,7 +403,7 @@ def test_every_worth_rule_reads_not_measured_while_any_run_of_its_budget_is_miss
 
 
 def test_every_depth_rule_reads_not_measured_while_any_run_of_its_arm_is_missing():
-    "The depth study's R0-R6 likewise: one run removed at one step, or a variant or a seed, and the arm is not measured."
+    "The depth study's R0-R6 likewise: a run removed at one step, or a variant or a seed, and the arm is not measured."
     from looped_lm.extensions.depth import read_depth_records, depth_rules, DEPTH_VARIANTS
 
     recs = read_depth_records(FIGURES / 'depth-cpu')

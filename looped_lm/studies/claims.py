@@ -398,6 +398,8 @@ def depth_gate(records) -> dict:
     views = _views([r for r in records if r['variant'] != REFERENCE])
     reference = _views([r for r in records if r['variant'] == REFERENCE])
     seeds = [s for s in views if s != 'mean']
+    if not seeds:  # not a run of the conditions: nothing to read D, the raw gain or the drift from
+        return dict(verdict='not measured', kind='precondition', why=['no run of the conditions the gate reads'])
     if not reference['mean']:
         return dict(verdict='not testable', kind='precondition', why=['no one-pass reference: D is not measured'])
     try:
@@ -444,7 +446,7 @@ def evidence_tags(views: dict, names: list, gate: dict) -> dict:
     return tags
 
 # %% ../../nbs/04c_claims.ipynb #e7486f2c
-def claim_set(records, names: list, gate: dict = None) -> dict:
+def claim_set(records, names: list, gate: dict = None, seeds: list = None) -> dict:
     """Every claim and check over the variants `names` of `records`: numbers and verdict, seed-averaged and per seed;
     `gate`: C3/C7's `depth_gate` (default: computed without a one-pass reference, so not testable)."""
     views, out = _views([r for r in records if r['variant'] in names]), {}
@@ -458,11 +460,11 @@ def claim_set(records, names: list, gate: dict = None) -> dict:
             claim.measures,
         )
         res = {view: test(m, names) for view, m in views.items()}
-        mean, seeds = res.pop('mean'), res
-        held = sum(bool(r and r['holds']) for r in seeds.values())
+        mean, by_seed = res.pop('mean'), res
+        held = sum(bool(r and r['holds']) for r in by_seed.values())
         at, ctl = _roles(names, per_loop_only=per_loop)
         nums = {
-            k: [r['numbers'][k] for r in seeds.values() if r and isinstance(r['numbers'].get(k), numbers.Number)]
+            k: [r['numbers'][k] for r in by_seed.values() if r and isinstance(r['numbers'].get(k), numbers.Number)]
             for k in (mean or {}).get('numbers', {})
         }
         out[cid] = dict(
@@ -473,9 +475,9 @@ def claim_set(records, names: list, gate: dict = None) -> dict:
             numbers=mean['numbers'] if mean else {},
             seed_range={k: [min(v), max(v)] for k, v in nums.items() if v},
             holds_on_mean=mean['holds'] if mean else None,
-            per_seed={str(s): (r['holds'] if r else None) for s, r in seeds.items()},
-            seeds_held=f"{held}/{len(seeds)}",
-            verdict=_verdict(mean['holds'] if mean else None, held, len(seeds)),
+            per_seed={str(s): (r['holds'] if r else None) for s, r in by_seed.items()},
+            seeds_held=f"{held}/{len(by_seed)}",
+            verdict=_verdict(mean['holds'] if mean else None, held, len(by_seed)),
             by_variant=_by_variant(views, names if cid in ('C2', 'L1') else at + ctl, keys),
         )
     for cid, tag in evidence_tags(views, names, gate).items():
@@ -483,7 +485,7 @@ def claim_set(records, names: list, gate: dict = None) -> dict:
     for c, v in out.items():
         if v.get('evidence', '').startswith((NOT_TESTABLE, 'not measured')):
             out[c] = untestable(v, v['evidence'] if v['evidence'].startswith('not measured') else NOT_TESTABLE)
-    gone = absent_runs(records, names)
+    gone = absent_runs(records, names, seeds)
     for cid, v in out.items():
         members = names if cid in ('C2', 'L1') else v['at_risk'] + v['controlled']
         if miss := [f"{n} seed {s}" for n, s in gone if n in members]:
@@ -491,10 +493,11 @@ def claim_set(records, names: list, gate: dict = None) -> dict:
     return out
 
 
-def absent_runs(records, names: list) -> list:
-    "(variant, seed) of `names` x the records' seeds with no finished run: a claim over a group needs every member."
+def absent_runs(records, names: list, seeds: list = None) -> list:
+    """(variant, seed) of `names` x `seeds` (default: the records') with no finished run: a claim over a group needs
+    every member."""
     done = {(r['variant'], r['seed']) for r in records if r['status'] == 'done'}
-    return [(n, s) for n in names for s in sorted({r['seed'] for r in records}) if (n, s) not in done]
+    return [(n, s) for n in names for s in seeds or sorted({r['seed'] for r in records}) if (n, s) not in done]
 
 
 NOT_TESTABLE = 'not testable'  # the verdict of a claim whose gate fails: no outcome is read from its numbers
@@ -752,7 +755,7 @@ def claims_section(label: str, records, names: list, ref: list, choice: dict | N
     """One section of the claims file over the variants `names` (its depth gate also reads the reference runs `ref`):
     evaluated when `judged`, else every claim not measured; `choice`: the preset's choice record, which adds tags."""
     gate = depth_gate([r for r in records if r['variant'] in names] + ref) if judged else {}
-    both = claim_set(records, names, gate) if judged else {}
+    both = claim_set(records, names, gate, sorted({r['seed'] for r in records + ref})) if judged else {}
     ms = margin_sensitivity(records, names, both, gate) if judged else {}
     for c, tag in (context_tags(records, names, both, choice, gate) if judged and choice else {}).items():
         both[c]['evidence'] = '; '.join(t for t in (both[c].get('evidence'), tag) if t)
