@@ -249,8 +249,19 @@ def test_the_gpu_script_of_the_depth_worth_study_runs_its_tiny_grid_on_the_cpu(t
     (tmp_path / 'kept' / 'B8-one-pass-seed1' / 'depth.jsonl').unlink()
     pub = cmd[:-2] + ['--publish-only', '--out-dir', str(tmp_path)]
     out = subprocess.run(pub, cwd=root, capture_output=True, text=True, env=os.environ)
-    assert out.returncode != 0 and 'have no current record' in out.stderr, out.stdout[-2000:] + out.stderr[-2000:]
+    assert out.returncode != 0 and 'no run folder here reproduces' in out.stderr, (
+        out.stdout[-2000:] + out.stderr[-2000:]
+    )
     assert (tmp_path / 'figures' / 'records' / 'B8-one-pass-seed1.jsonl').exists()  # refused: nothing lost
     out = subprocess.run(pub + ['--remove-stale'], cwd=root, capture_output=True, text=True, env=os.environ)
+    assert out.returncode != 0 and 'redone here since' in out.stderr  # issue 58.8: the run was not redone: kept
+    assert (tmp_path / 'figures' / 'records' / 'B8-one-pass-seed1.jsonl').exists()
+    ck = tmp_path / 'runs' / 'B8-one-pass-seed1'
+    ck = ck / (ck / 'latest').read_text().strip() / 'model.safetensors'
+    os.utime(ck, (ck.stat().st_mtime + 60,) * 2)  # as if that run had been trained again here since
+    out = subprocess.run(pub + ['--remove-stale'], cwd=root, capture_output=True, text=True, env=os.environ)
     assert out.returncode == 0 and 'published 23 of 24' in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    assert 'B8-one-pass-seed1.jsonl: steps [8] removed' in out.stdout  # it says what it removed
     assert not (tmp_path / 'figures' / 'records' / 'B8-one-pass-seed1.jsonl').exists()
+    rules = json.loads((tmp_path / 'figures' / 'rules.json').read_text())  # rebuilt from the 23 records left
+    assert rules['arms']['B8']['R1']['verdict'] == 'not measured: missing one-pass seed 1'

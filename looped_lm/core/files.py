@@ -9,9 +9,9 @@ import ast, contextlib, errno, hashlib, importlib.util, json, os, re, secrets, s
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['LOCK_NAME', 'NO_MACHINE', 'WriteError', 'fsync', 'atomic_writer', 'write_atomic', 'read_json_lines', 'pid_alive',
-           'sweep_stale_tmp', 'LockedError', 'dir_lock', 'file_sha256', 'file_content_sha', 'source_hash',
-           'code_record', 'imported_modules', 'machine_record', 'machine_of']
+__all__ = ['LOCK_NAME', 'NO_MACHINE', 'WriteError', 'fsync', 'atomic_writer', 'write_atomic', 'read_json_lines',
+           'StudyFolderError', 'own_folder', 'pid_alive', 'sweep_stale_tmp', 'LockedError', 'dir_lock', 'file_sha256',
+           'file_content_sha', 'source_hash', 'code_record', 'imported_modules', 'machine_record', 'machine_of']
 
 # %% ../../nbs/00a_files.ipynb #af08cf86
 class WriteError(OSError):
@@ -124,6 +124,31 @@ def read_json_lines(p, strict: bool = False) -> list:
         elif strict and line.strip():
             raise ValueError(f"{p}, line {i}, is not a JSON object: the file is damaged; restore it (git checkout).")
     return out
+
+# %% ../../nbs/00a_files.ipynb #fil0own1
+class StudyFolderError(RuntimeError):
+    "A study folder holds another study (its `study.json` names another kind, grid or preset)."
+
+
+def own_folder(folder, identity: dict) -> dict:
+    """The study folder `folder` for the study `identity` ({'kind', 'grid', 'preset', ...}): its `study.json` written
+    if absent; a folder that names another study in any of `identity`'s keys is refused with the fix."""
+    p = Path(folder) / 'study.json'
+    try:
+        had = json.loads(p.read_text()) if p.is_file() else None
+    except (ValueError, UnicodeDecodeError):
+        raise StudyFolderError(f"{p} is damaged: restore it (git checkout) before publishing into {folder}.") from None
+    if had is None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        write_atomic(p, json.dumps(identity, indent=1) + '\n')
+        return identity
+    if diff := {k: (had.get(k), v) for k, v in identity.items() if k in had and had.get(k) != v}:
+        what = ', '.join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in diff.items())
+        raise StudyFolderError(
+            f"{folder} belongs to another study ({what}): publish into a folder of its own (fig_dir=...). "
+            "Nothing was written."
+        )
+    return had
 
 # %% ../../nbs/00a_files.ipynb #f2cefe11
 _TMP_PID = re.compile(r'\.(\d+)\.[0-9a-f]+\.tmp$')

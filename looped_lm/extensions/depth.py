@@ -13,7 +13,7 @@ from ..core.config import ExperimentConfig, ConfigError, load_preset, named_choi
 from ..training.data import TokenData
 from ..training.text import SPLITS
 from ..training.train import resolve_device
-from ..core.files import write_atomic, machine_record
+from ..core.files import write_atomic, machine_record, own_folder
 from ..training.train import lr_at
 from ..measure.diagnostics import diagnose_trained, EVAL_TOKENS
 from ..measure.diagnostics import checkpoint_id, DIAG_VERSION
@@ -707,10 +707,14 @@ def publish_depth(plan: DepthPlan, data, states: list = None, rebuild=None, remo
     """Every run's current records published and the tables rebuilt (`rebuild(fig_dir)`, default `rebuild_depth`); the
     records. Called under the study lock: what a finished grid ends with and what an interrupted one publishes. A
     published run with no current record is refused unless `remove_stale` (`publish_records`)."""
-    records = plan_records(plan, data)
-    publish_records(plan.jobs, records, plan.fig_dir, remove_stale)
-    if records:
-        (rebuild or rebuild_depth)(plan.fig_dir)
+    records, fig = plan_records(plan, data), Path(plan.fig_dir)
+    own_folder(fig, dict(kind='depth', grid=plan.grid, preset=plan.spec.preset))  # one study's folder
+    removed = publish_records(plan.jobs, records, fig, remove_stale)
+    if any((fig / 'records').glob('*.jsonl')):  # every table and rule from the records the folder holds now
+        (rebuild or rebuild_depth)(fig)
+    elif removed:  # nothing left to describe: no table may describe the records that are gone
+        for p in [*fig.glob('claims-*.md'), *(fig / n for n in ('rules.json', 'rules.md', 'depth.md', 'worth.md'))]:
+            p.unlink(missing_ok=True)
     return records
 
 

@@ -111,20 +111,34 @@ def kept_records(jobs, name: str, key_of) -> list:
     return out
 
 
-def publish_records(jobs, records: list, folder, remove_stale: bool = False):
-    "One `folder/records/<run>.jsonl` per job holding its current `records`; a published file without any is refused."
-    out, runs = Path(folder) / 'records', {r['run'] for r in records}
-    orphans = [out / f'{j.run_dir.name}.jsonl' for j in jobs if j.run_dir.name not in runs]
-    if (orphans := [p for p in orphans if p.exists()]) and not remove_stale:
+def _redone_here(job, path: Path) -> bool:
+    "Whether `job`'s run was trained again here after `path` was published: its newest checkpoint is newer."
+    ck = latest_checkpoint(job.run_dir) if job.run_dir.is_dir() else None
+    return ck is not None and (ck / 'model.safetensors').stat().st_mtime > path.stat().st_mtime
+
+
+def publish_records(jobs, records: list, folder, remove_stale: bool = False) -> list:
+    """One `folder/records/<run>.jsonl` per job holding its current `records`; the published steps it removed. A
+    published step with no current record here (a fresh clone, other options, a kept checkpoint deleted) is kept: it is
+    refused before anything is written, unless `remove_stale` and the run was redone here (`_redone_here`)."""
+    out, lost = Path(folder) / 'records', {}
+    for j in jobs:
+        path, now = out / f'{j.run_dir.name}.jsonl', {r['step'] for r in records if r['run'] == j.run_dir.name}
+        if gone := sorted({r['step'] for r in read_records(path)} - now):
+            lost[j.run_dir.name] = (j, path, gone)
+    if kept := [f"{p.name} (steps {s})" for j, p, s in lost.values() if not (remove_stale and _redone_here(j, p))]:
         raise RunDirError(
-            f"{len(orphans)} published record file(s) have no current record in the run folders, e.g. {orphans[0]}: "
-            "publish with the options the study ran with (device, grid, out_dir), or, if those runs were redone on "
-            "purpose, pass remove_stale=True. Nothing was written."
+            f"publishing would drop {len(kept)} published record(s) that no run folder here reproduces: "
+            f"{', '.join(kept[:4])}{' ...' if len(kept) > 4 else ''}. Publish with the options and out_dir the study "
+            "ran with; remove_stale=True removes only runs redone here since. Nothing was written."
         )
     out.mkdir(parents=True, exist_ok=True)
     for j in jobs:
         mine, path = [r for r in records if r['run'] == j.run_dir.name], out / f'{j.run_dir.name}.jsonl'
         if mine:
             write_atomic(path, ''.join(json.dumps(r) + '\n' for r in sorted(mine, key=lambda r: r['step'])))
-    for p in orphans:
-        p.unlink()
+        elif j.run_dir.name in lost:
+            path.unlink()
+    for _, p, steps in lost.values():
+        print(f"{p.name}: steps {steps} removed (the run was redone here)", flush=True)
+    return [(p, s) for _, p, s in lost.values()]

@@ -637,9 +637,23 @@ MD_COLUMNS = [
 ]
 
 # %% ../../nbs/06a_scaling.ipynb #665085cd
+def kept_measured(table: pd.DataFrame, folder) -> None:
+    """Refuse, before anything is written, a table that would replace a measured row of the one published in `folder`
+    by one not measured here (a fresh clone without run folders, another out_dir): nothing measured is ever lost."""
+    path = Path(folder) / 'scaling.csv'
+    old = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=['point', 'variant', 'seed', 'status'])
+    row = lambda df: set(zip(df.point, df.variant, df.seed.astype(int)))  # noqa: E731
+    if lost := sorted(row(old[old.status == 'done']) - row(table[table.status == 'done'])):
+        raise ConfigError(
+            f"{path} holds {len(lost)} measured row(s) that no run folder here measures (e.g. {lost[0]}): run the "
+            "study where its run folders are (its out_dir), or publish into another fig_dir. Nothing was written."
+        )
+
+
 def write_results(res: Scaling):
     "Per-run table (CSV: every column; Markdown: for reading), fits and reading, in the study folder and the figures'."
     out, t = res.plan.out_dir, res.table
+    kept_measured(t, res.plan.fig_dir)  # the published folder (committed) never loses a measured row
     md = t.set_index(['point', 'variant', 'seed'])[[c for c in MD_COLUMNS if c in t]]
     for folder in dict.fromkeys([out, Path(res.plan.fig_dir)]):  # a published grid's folder (committed) holds them too
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,52 @@
+"""A study folder never silently loses, mixes or keeps a stale record (issue 58): publishing into a committed folder
+from a fresh clone, another grid or preset, a shortened record, a remove_stale that nothing redid."""
+
+import json, shutil
+from pathlib import Path
+import pandas as pd
+import pytest
+from looped_lm.core.config import ConfigError
+from looped_lm.core.files import StudyFolderError
+
+FIGURES = Path(__file__).resolve().parents[1] / 'figures'
+
+
+def test_an_unrun_scaling_grid_never_overwrites_the_committed_rows(tmp_path):
+    "58.1: finishing the scaling grid where no run folder exists would turn 37 measured rows into 40 'missing' ones."
+    from looped_lm.extensions.scaling import Scaling, check_scaling, write_results
+
+    fig = tmp_path / 'fig'
+    shutil.copytree(FIGURES / 'scaling-cpu', fig)
+    before = {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()}
+    plan = check_scaling('cpu', out_dir=tmp_path / 'out', fig_dir=fig)
+    unrun = pd.read_csv(fig / 'scaling.csv').assign(status='missing')
+    with pytest.raises(ConfigError, match='37 measured row'):
+        write_results(Scaling(plan, unrun, {}, pd.DataFrame(), ''))
+    assert {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()} == before  # nothing written
+    assert not (tmp_path / 'out' / 'scaling.csv').exists()
+
+
+def test_a_committed_grid_folder_belongs_to_its_study(tmp_path):
+    "58.5: the smoke-preset tiny grid published into a copy of figures/depth-worth is refused, nothing written."
+    from looped_lm.extensions.worth import WORTH, publish_worth
+
+    fig = tmp_path / 'depth-worth'
+    shutil.copytree(FIGURES / 'depth-worth', fig)
+    assert json.loads((fig / 'study.json').read_text()) == dict(kind='depth', grid='worth', preset='cpu-cosine')
+    before = {p: p.read_bytes() for p in fig.rglob('*') if p.is_file()}
+    plan = WORTH.check('worth-tiny', tmp_path / 'out', fig, 'cpu', 1)
+    with pytest.raises(StudyFolderError, match="grid 'worth' there, 'worth-tiny' here"):
+        publish_worth(plan, WORTH.data(plan))
+    assert {p: p.read_bytes() for p in fig.rglob('*') if p.is_file()} == before
+
+
+@pytest.mark.parametrize('study', ['depth-cpu', 'depth-worth'])
+def test_every_committed_grid_folder_names_its_study(study):
+    "Each committed kept-record grid names the grid and preset its records were made by (checked on publishing)."
+    meta = json.loads((FIGURES / study / 'study.json').read_text())
+    arms = {json.loads(line)['arm'] for f in (FIGURES / study / 'records').glob('*.jsonl') for line in open(f)}
+    from looped_lm.extensions.worth import WORTH_GRIDS
+    from looped_lm.extensions.depth import DEPTH_GRIDS
+
+    spec = {**DEPTH_GRIDS, **WORTH_GRIDS}[meta['grid']]
+    assert meta['preset'] == spec.preset and arms <= {a[0] for a in spec.arms}
