@@ -13,6 +13,7 @@ from ..core.config import format_number
 from ..training.rundir import check_run_data, read_json
 from ..training.rundir import latest_checkpoint, read_metrics, run_status, checkpoint_machine
 import dataclasses, hashlib, inspect
+from functools import partial
 import json
 import math
 import statistics
@@ -54,7 +55,8 @@ source_hash(MEASURING_CODE)  # read as imported: an edit while this process meas
 
 # %% ../../nbs/03c_diagnostics.ipynb #6f45dc3c
 def _table(rows: list, cols: list) -> str:
-    "A markdown table of the `cols` of `rows`, each number in the report style."
+    "A markdown table of the `cols` of `rows`, each number in the report style; a row's reason it is undefined last."
+    cols = cols + ['undefined'] * any(r.get('undefined') for r in rows)
     lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
     lines += ['| ' + ' | '.join(format_number(r.get(c), 'report') for c in cols) + ' |' for r in rows]
     return '\n'.join(lines)
@@ -309,12 +311,15 @@ HEAVY_TAIL_HILL = (
 )
 
 # %% ../../nbs/03c_diagnostics.ipynb #00905838
-def hill_estimator(x, top_frac: float = 0.01) -> float:
-    "Hill estimate of the tail index of positive samples `x` from the top `top_frac` of them."
+def hill_estimator(x, top_frac: float = 0.01) -> float | None:
+    """Hill estimate of the tail index of positive samples `x` from the top `top_frac` of them; None (undefined) where
+    the top samples do not spread (constant norms, zeros) or there are too few of them."""
     x = np.sort(np.asarray(x, dtype=np.float64))[::-1]
     k = max(2, int(len(x) * top_frac))
+    if len(x) <= k or not x[k] > 0:
+        return None
     logs = np.log(x[:k]) - np.log(x[k])
-    return float(1 / np.mean(logs)) if np.mean(logs) > 0 else float('inf')
+    return float(1 / np.mean(logs)) if np.mean(logs) > 0 else None
 
 
 def token_norms(spec, tokens, batch_size=8, seq_len=64, max_batches=None, device='cpu') -> np.ndarray:
@@ -337,7 +342,7 @@ def norm_stats(n: np.ndarray) -> dict:
         sd=float(n.std(ddof=0)),
         min=float(n.min()),
         hill=hill,
-        tail='heavy' if hill < HEAVY_TAIL_HILL else 'light',
+        tail='undefined' if hill is None else 'heavy' if hill < HEAVY_TAIL_HILL else 'light',
     )
 
 # %% ../../nbs/03c_diagnostics.ipynb #cc7864c1
@@ -355,7 +360,7 @@ def norm_distribution(norms: np.ndarray, bins: int = 40) -> list:
                 p50=float(q[0]),
                 p90=float(q[1]),
                 p999=float(q[3]),
-                tail_ratio=float(q[3] / q[0]),
+                tail_ratio=float(q[3] / q[0]) if q[0] > 0 else None,  # a zero median: undefined, not nan
                 hist=np.histogram(n, edges)[0].tolist(),
                 edges=edges.tolist(),
             )
@@ -398,7 +403,7 @@ def _clamp_rows(acc: dict, n, n_pos=None) -> dict:
         for r in rows:
             if base:
                 r.update(delta_ce=r['ce'] - base[r['k'] - 1]['ce'], ppl_ratio=r['ppl'] / base[r['k'] - 1]['ppl'])
-            r['norm_ratio_vs_loop1'] = r['norm_l2'] / rows[0]['norm_l2']
+            r['norm_ratio_vs_loop1'] = r['norm_l2'] / rows[0]['norm_l2'] if rows[0]['norm_l2'] > 0 else None  # 0/0
     return res
 
 # %% ../../nbs/03c_diagnostics.ipynb #85b70bf6
@@ -450,7 +455,7 @@ def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=
     """Lemma 2 beyond the training depth, per transition k -> k+1 of a `loops`-loop run: s_k, a_k, mean ||du|| and
     mean ||du||*s_k (float64; means over tokens, each weighing the same whatever its batch)."""
     spec = guarded_spec(spec, tokens, seq_len, device)
-    acc, n = np.zeros((loops - 1, 4)), 0
+    acc, n = np.zeros((loops - 1, 4)), np.zeros(loops - 1)
     for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
         hid = run_loops(spec, x, loops)[0]
         at = measured_positions(hid[0], y)  # (n, d) per loop: the positions with a scored target (all of a stream's)
@@ -458,16 +463,26 @@ def lemma2(spec, tokens, loops: int = 30, batch_size=8, seq_len=64, max_batches=
         rms = [h.pow(2).mean(-1, keepdim=True).sqrt() for h in hid]
         u = [h / r for h, r in zip(hid, rms)]
         for k in range(loops - 1):
-            du = torch.linalg.vector_norm(u[k + 1] - u[k], dim=-1)
+            ok = (rms[k][..., 0] > 0) & (rms[k + 1][..., 0] > 0)  # a zero state has no direction u: left out
+            pick = (lambda t: t) if ok.all() else (lambda t: t[ok])  # noqa: E731
+            du = torch.linalg.vector_norm(pick(u[k + 1]) - pick(u[k]), dim=-1)
             acc[k] += [
-                rms[k].sum().item(),
-                (u[k] * (hid[k + 1] - hid[k])).sum().item(),
+                pick(rms[k]).sum().item(),
+                (pick(u[k]) * (pick(hid[k + 1]) - pick(hid[k]))).sum().item(),
                 du.sum().item(),
-                (du * rms[k][..., 0]).sum().item(),
+                (du * pick(rms[k])[..., 0]).sum().item(),
             ]
-        n += len(hid[0])
+            n[k] += int(ok.sum())
         del hid, u
-    return [dict(k=k, s=s, a=a, du=du, du_times_s=dus) for k, (s, a, du, dus) in enumerate((acc / n).tolist(), 1)]
+    return [_lemma2_row(k, a, int(m)) for k, (a, m) in enumerate(zip(acc, n), 1)]
+
+
+def _lemma2_row(k: int, sums, n: int) -> dict:
+    "One transition's row of `lemma2`: the means over its `n` tokens; undefined (None) where every state was zero."
+    if not n:
+        return dict(k=k, s=None, a=None, du=None, du_times_s=None, undefined=f"state zero at loop {k} or {k + 1}")
+    s, a, du, dus = (sums / n).tolist()
+    return dict(k=k, s=s, a=a, du=du, du_times_s=dus)
 
 # %% ../../nbs/03c_diagnostics.ipynb #942bd8fb
 def _splits(data) -> tuple:
@@ -508,13 +523,26 @@ def _spec_parts(spec, val, check: dict, plain, batches: tuple, ce_chunk: int, le
     if why := clamp_refusal(spec):
         skipped['clamp'] = why
     else:
-        rep['clamp'] = clamp_modes(spec, val, max_batches=batches[0], ce_chunk=ce_chunk, plain=plain, **kw)
+        clamp = partial(clamp_modes, spec, val, max_batches=batches[0], ce_chunk=ce_chunk, plain=plain, **kw)
+        rep['clamp'] = measured_part(skipped, 'clamp', clamp)
     if check.get('steps_carry_state') is False:  # the loop does not feed the state back
         skipped['radial objective'] = f"{IGNORED_STATE}, so the objective's gradient cannot flow through later loops"
         skipped['lemma2'] = f"Lemma 2 is about the recurrence of the state the loop feeds back, and {IGNORED_STATE}"
     else:
-        rep['lemma2'] = lemma2(spec, val, lemma_loops, max_batches=batches[1], **kw)
-    return rep, skipped
+        rep['lemma2'] = measured_part(
+            skipped, 'lemma2', partial(lemma2, spec, val, lemma_loops, max_batches=batches[1], **kw)
+        )
+    return {p: rows for p, rows in rep.items() if rows is not None}, skipped
+
+
+def measured_part(skipped: dict, part: str, measure):
+    """`measure()`'s rows, or None with its reason in `skipped[part]` when this model cannot be measured so (a float64
+    step the model refuses, a clamp of a zero state, no gradient): one part never loses the rest of the report."""
+    try:
+        return measure()
+    except (LoopSpecError, RuntimeError, ValueError, ZeroDivisionError, FloatingPointError) as e:
+        skipped[part] = f"{type(e).__name__}: {' '.join(str(e).split())}"
+        return None
 
 # %% ../../nbs/03c_diagnostics.ipynb #04179fa9
 def _exits(spec, splits: dict, units: dict, max_batches, ce_chunk: int, kw: dict) -> dict:
@@ -527,15 +555,17 @@ def _exits(spec, splits: dict, units: dict, max_batches, ce_chunk: int, kw: dict
     }
 
 # %% ../../nbs/03c_diagnostics.ipynb #03206adb
-def _geometry(spec, val, few: int, loss: str, norm_penalty: float, ce_chunk: int, kw: dict) -> dict:
-    "The measurements on the first `few` batches: float64 radial fractions, angular updates, scale sensitivity."
-    return dict(
-        radial=radial_fractions(
-            spec, val, max_batches=few, loss=loss, norm_penalty=norm_penalty, ce_chunk=ce_chunk, **kw
-        ),
-        angular=angular_updates(spec, val, max_batches=few, **kw),
-        scale=scale_sensitivity(spec, val, max_batches=few, ce_chunk=ce_chunk, **kw),
-    )
+def _geometry(spec, val, few: int, loss: str, norm_penalty: float, ce_chunk: int, kw: dict, skipped: dict) -> dict:
+    """The measurements on the first `few` batches: float64 radial fractions, angular updates, scale sensitivity; a
+    part this model cannot give is left out, its reason in `skipped`."""
+    parts = dict(
+        radial=partial(radial_fractions, spec, val, max_batches=few, loss=loss, norm_penalty=norm_penalty,
+                       ce_chunk=ce_chunk, **kw),
+        angular=partial(angular_updates, spec, val, max_batches=few, **kw),
+        scale=partial(scale_sensitivity, spec, val, max_batches=few, ce_chunk=ce_chunk, **kw),
+    )  # fmt: skip
+    rows = {p: measured_part(skipped, p, f) for p, f in parts.items()}
+    return {p: r for p, r in rows.items() if r is not None}
 
 # %% ../../nbs/03c_diagnostics.ipynb #dia0diag
 def diagnose(
@@ -575,7 +605,7 @@ def diagnose(
         **head,
         exits=_exits(spec, splits, units, max_batches, ce_chunk, kw),
         norms=norm_distribution(plain.norms[:, plain.measured]),
-        **_geometry(spec, val, few, loss, norm_penalty, ce_chunk, kw),
+        **_geometry(spec, val, few, loss, norm_penalty, ce_chunk, kw, skipped),
         halting=adaptive_halting(plain.ce, plain.scores, halting_target, scored=plain.scored),
         skipped=skipped,
         **rep,

@@ -89,6 +89,14 @@ def _readout_ces(spec, hidden, ctx, y, ce_chunk: int) -> tuple:
     return ces, outs
 
 
+def _grads(obj, hidden: list) -> list:
+    "d obj / d H_k for every loop; zeros for a state no gradient reaches (a zero state passed on unchanged, say)."
+    need = [h for h in hidden if h.requires_grad]
+    got = iter(torch.autograd.grad(obj, need, retain_graph=True, allow_unused=True) if need else ())
+    out = [next(got) if h.requires_grad else None for h in hidden]
+    return [torch.zeros_like(h) if g is None else g for h, g in zip(hidden, out)]
+
+
 def _objective(ces: list, hidden, loss: str, norm_penalty: float, measured=None):
     """The training objective: per-loop (mean over loops) or terminal CE, plus the official norm penalty over the
     `measured` positions (default: all)."""
@@ -107,17 +115,24 @@ def _radial_loop(spec, k: int, h, ce, o: list, g_obj, acc, lem: dict, measured):
     """Add loop k+1's measured fractions to its `acc` (sums over tokens for the readout, the objective and the whole
     batch's one cosine, each token weighing the same whatever its batch; the tokens counted; the `measured` tokens
     whose readout gradient is zero: left out, counted) and the lemma's exact one to `lem`."""
+    if not h.requires_grad:  # the readout's CE cannot depend on a state no gradient reaches: every token undefined
+        acc[5] += int(measured.sum())
+        return
     g, *g_out = torch.autograd.grad(ce, [h, *o], retain_graph=True, allow_unused=True)
+    g = torch.zeros_like(h) if g is None else g  # the readout ignores H_k: no token has a gradient
     g, g_obj, h64 = g.double(), g_obj.double(), h.double()
+    nonzero = h64.abs().amax(-1) > 0  # a zero state has no direction: its fraction is 0/0, left out and counted
+    acc[6] += int((measured & ~nonzero).sum())
     frac, live, live_obj = radial_fraction(g, h64, reduce=None), _live(g, measured), _live(g_obj, measured)
+    live, live_obj = live & nonzero, live_obj & nonzero
     n, n_obj = int(live.sum()), int(live_obj.sum())
-    acc[5] += int((measured & ~live).sum())
+    acc[5] += int((measured & nonzero & ~_live(g, measured)).sum())
     if n:  # whole: one cosine over the batch's live tokens, weighted by their number
         acc[[0, 2, 3]] += [frac[live].sum().item(), n * radial_fraction(g[live], h64[live], per_token=False).item(), n]
     if n_obj:
         acc[[1, 4]] += [radial_fraction(g_obj, h64, reduce=None)[live_obj].sum().item(), n_obj]
-    if rn := readout_norm_at(spec, k + 1, h.dtype):
-        lem['scale'].append((radial_scale(h[measured], *rn), int(measured.sum())))  # (token mean, tokens)
+    if (rn := readout_norm_at(spec, k + 1, h.dtype)) and (measured & nonzero).any():
+        lem['scale'].append((radial_scale(h[measured & nonzero], *rn), int((measured & nonzero).sum())))
         if (v := _lemma_v(_norm_module(spec, k + 1), o, g_out, h)) is not None:
             rho, t = radial_exact(v, h, *rn)
             for c, a in (('rho', rho), ('ratio', frac / rho), ('t', t)):
@@ -129,6 +144,11 @@ def _radial_row(k, acc, lem, through_loops, dtypes) -> dict:
     (undefined, never 0), and `zero_grad_tokens` counts the tokens left out."""
     mean = lambda i, n: float(acc[i] / acc[n]) if acc[n] else None
     row = dict(k=k, readout=mean(0, 3), readout_whole=mean(2, 3), zero_grad_tokens=int(acc[5]))
+    row['zero_state_tokens'] = int(acc[6])  # ||H_k|| = 0: no direction, no fraction (0/0), left out and counted
+    if row['readout'] is None:
+        row['undefined'] = (
+            f"state zero at loop {k}" if acc[6] and not acc[5] else f"no token's readout has a gradient at loop {k}"
+        )
     row['objective'] = mean(1, 4) if through_loops else None
     means, tokens = zip(*lem['scale']) if lem['scale'] else ((), ())
     row['scale'] = float(np.average(means, weights=tokens)) if means else None  # a token mean
@@ -178,7 +198,7 @@ def radial_fractions(
         raise ValueError(f"loss must be 'perloop' or 'terminal', got {loss!r}.")
     spec = guarded_spec(model, tokens, seq_len, device, K)
     through_loops = checked_spec(spec, None).get('steps_carry_state') is not False  # else no objective through loops
-    K, acc, dtypes = spec.K, np.zeros((spec.K, 6)), set()
+    K, acc, dtypes = spec.K, np.zeros((spec.K, 7)), set()
     lem = [dict(scale=[], rho=[], ratio=[], t=[]) for _ in range(K)]
     with torch.enable_grad(), float64_spec(spec):
         for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
@@ -188,7 +208,7 @@ def radial_fractions(
             dtypes.update(str(h.dtype).replace('torch.', '') for h in hidden)
             ces, outs = _readout_ces(spec, hidden, ctx, y, ce_chunk)
             at = measured_positions(hidden[0], y)
-            g_obj = torch.autograd.grad(_objective(ces, hidden, loss, norm_penalty, at), hidden, retain_graph=True)
+            g_obj = _grads(_objective(ces, hidden, loss, norm_penalty, at), hidden)
             for k, (h, ce, o) in enumerate(zip(hidden, ces, outs)):
                 _radial_loop(spec, k, h, ce, o, g_obj[k], acc[k], lem[k], at)
             del hidden, ces, outs
@@ -211,28 +231,29 @@ def _b_perp(prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 def angular_updates(model, tokens, batch_size=8, seq_len=64, max_batches=4, device='cpu', K: int = None) -> list:
     "Per transition k-1 -> k: mean angle, s_{k-1} = ||H_{k-1}||, angle*s, ||b_perp|| and their ratio (float64)."
     spec = guarded_spec(model, tokens, seq_len, device, K)
-    rows = {k: [] for k in range(2, spec.K + 1)}
+    rows, undefined = {k: [] for k in range(2, spec.K + 1)}, dict.fromkeys(range(2, spec.K + 1), 0)
     with float64_spec(spec):
         for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
             hid = [h.double() for h in run_loops(spec, x, spec.K)[0]]
             at = measured_positions(hid[0], y)  # the positions with a scored target (all of a stream's)
             for k in rows:
                 a, b = hid[k - 2][at], hid[k - 1][at]
+                ok = (a.abs().amax(-1) > 0) & (b.abs().amax(-1) > 0)  # an angle to a zero vector is undefined
+                a, b = (a, b) if ok.all() else (a[ok], b[ok])
                 rows[k].append(torch.stack([angle_between(a, b), torch.linalg.vector_norm(a, dim=-1), _b_perp(a, b)]))
-    res = []
-    for k, r in rows.items():
-        th, s, bp = torch.cat(r, 1)
-        res.append(
-            dict(
-                k=k,
-                angle=th.mean().item(),
-                s_prev=s.mean().item(),
-                angle_times_s=(th * s).mean().item(),
-                b_perp=bp.mean().item(),
-                ratio=((th * s).mean() / bp.mean()).item(),
-            )
-        )
-    return res
+                undefined[k] += int((~ok).sum())
+    return [_angular_row(k, torch.cat(r, 1), undefined[k]) for k, r in rows.items()]
+
+
+def _angular_row(k: int, r: torch.Tensor, undefined: int) -> dict:
+    "One transition's row of `angular_updates` from its (3, tokens) angles, norms and b_perp; None where undefined."
+    th, s, bp = r
+    row = dict(k=k, angle=None, s_prev=None, angle_times_s=None, b_perp=None, ratio=None, undefined_tokens=undefined)
+    if not th.numel():
+        return dict(row, undefined=f"state zero at loop {k - 1} or {k} on every token")
+    row.update(angle=th.mean().item(), s_prev=s.mean().item(), angle_times_s=(th * s).mean().item())
+    row.update(b_perp=bp.mean().item(), ratio=((th * s).mean() / bp.mean()).item() if bp.mean() > 0 else None)
+    return row if row['ratio'] is not None else dict(row, undefined='ratio: no update orthogonal to the state (0/0)')
 
 # %% ../../nbs/03b_radial.ipynb #8244d3c3
 @torch.no_grad()
