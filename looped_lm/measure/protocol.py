@@ -223,8 +223,8 @@ def clamp_state(h: torch.Tensor, mode: str, prev: torch.Tensor = None, rms1: tor
         if not (rms1 > 0).all():  # rescaling to a zero RMS would zero every later state without a word
             raise LoopSpecError(
                 "freeze_loop1 rescales each later state to its loop-1 RMS, but H_1 is zero at "
-                f"{int((rms1 == 0).sum())} position(s): the clamp is undefined there. Measure a state that is not zero at loop 1 (state_key), "
-                "or leave this clamp out (LoopSpec no_clamp='...')."
+                f"{int((rms1 == 0).sum())} position(s): the clamp is undefined there. Measure a state that is not "
+                "zero at loop 1 (state_key), or leave this clamp out (LoopSpec no_clamp='...')."
             )
         return h * (rms1 / _rms64(h).clamp_min(1e-300)).to(h.dtype)
     along = radial_tangential((h - prev).double(), prev.double())[0]  # remove_radial: the update's part along prev
