@@ -26,6 +26,7 @@ from .extensions.scaling import run_scaling  # noqa: E402
 from .extensions.horizon import run_horizon  # noqa: E402
 from .extensions.depth import run_depth  # noqa: E402
 from .extensions.worth import run_worth  # noqa: E402
+from .extensions.dose import dose_response, dose_star  # noqa: E402
 from .interop.hub import from_run  # noqa: E402
 
 # The `transformers` and lm-evaluation-harness bridges need the `eval` extra: imported when first asked for.

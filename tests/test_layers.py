@@ -54,6 +54,7 @@ CHAPTERS = [
     ('06c_horizon', 'extensions.horizon'),
     ('06d_depth', 'extensions.depth'),
     ('06e_worth', 'extensions.worth'),
+    ('06f_dose', 'extensions.dose'),
     ('07_hub', 'interop.hub'),
     ('07a_transformers', 'interop.transformers_io'),
     ('07b_lm_eval', 'interop.lm_eval'),

@@ -46,7 +46,7 @@ from .growth import PAPER_DRIFT, PAPER_TOKENS
 # %% auto #0
 __all__ = ['REFERENCE', 'SCALING_VERSION', 'MD_COLUMNS', 'SCALING', 'scaling_points', 'Grid', 'train_flops', 'estimate_seconds',
            'measure_key', 'read_measure', 'measure_run', 'check_scaling', 'add_c6', 'scaling_table', 'growth_table',
-           'reading', 'Scaling', 'finish_scaling', 'token_budgets', 'run_scaling', 'published_table',
+           'reading', 'Scaling', 'write_results', 'finish_scaling', 'token_budgets', 'run_scaling', 'published_table',
            'fig_scaling_axes', 'draw_scaling']
 
 # %% ../../nbs/06a_scaling.ipynb #9e3cef37
@@ -636,7 +636,7 @@ MD_COLUMNS = [
     'c6',
 ]
 
-# %% ../../nbs/06a_scaling.ipynb #665085cd
+# %% ../../nbs/06a_scaling.ipynb #sca0kep1
 def kept_measured(table: pd.DataFrame, folder) -> None:
     """Refuse, before anything is written, a table that would replace a measured row of the one published in `folder`
     by one not measured here (a fresh clone without run folders, another out_dir): nothing measured is ever lost."""
@@ -649,7 +649,7 @@ def kept_measured(table: pd.DataFrame, folder) -> None:
             "study where its run folders are (its out_dir), or publish into another fig_dir. Nothing was written."
         )
 
-
+# %% ../../nbs/06a_scaling.ipynb #665085cd
 def write_results(res: Scaling):
     "Per-run table (CSV: every column; Markdown: for reading), fits and reading, in the study folder and the figures'."
     out, t = res.plan.out_dir, res.table
