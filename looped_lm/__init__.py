@@ -72,6 +72,8 @@ __all__ = [
     'run_horizon',
     'run_depth',
     'run_worth',
+    'dose_response',
+    'dose_star',
     'from_run',
     *_OPTIONAL,
 ]
