@@ -14,6 +14,7 @@ from ..training.rundir import check_run_data, read_json
 from ..training.rundir import latest_checkpoint, read_metrics, run_status, checkpoint_machine
 import dataclasses, hashlib, inspect
 from functools import partial
+from contextlib import contextmanager
 import json
 import math
 import statistics
@@ -45,7 +46,7 @@ from ..training.rundir import load_run
 __all__ = ['DIAG_VERSION', 'MEASURING_CODE', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'EVAL_TOKENS', 'EVAL_CE_CHUNK',
            'DiagnosticReport', 'matches_key', 'cached_report', 'checkpoint_id', 'report_key', 'current_report',
            'read_run', 'eval_exits', 'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'clamp_modes',
-           'scale_sensitivity', 'lemma2', 'diagnose', 'diagnose_trained', 'diagnose_run']
+           'scale_sensitivity', 'lemma2', 'measuring_mode', 'diagnose', 'diagnose_trained', 'diagnose_run']
 
 # %% ../../nbs/03c_diagnostics.ipynb #91c3f3a7
 DIAG_VERSION = 5  # the report's layout (what records and tables read); its content is keyed by the code below
@@ -567,6 +568,30 @@ def _geometry(spec, val, few: int, loss: str, norm_penalty: float, ce_chunk: int
     rows = {p: measured_part(skipped, p, f) for p, f in parts.items()}
     return {p: r for p, r in rows.items() if r is not None}
 
+# %% ../../nbs/03c_diagnostics.ipynb #dia0mod1
+@contextmanager
+def measuring_mode(spec):
+    """The spec's modules in eval mode while they are measured, each module's training flag and every buffer restored
+    bit for bit after (a spectral norm's power iteration, batch-norm statistics); yields what the report says."""
+    roots = list(as_spec(spec).modules)
+    mods = [m for root in roots for m in root.modules()]
+    if not mods:
+        yield 'not controlled: the spec names no modules (LoopSpec(modules=...)): dropout or a stateful layer may act'
+        return
+    flags, bufs = [m.training for m in mods], [(b, b.detach().clone()) for root in roots for b in root.buffers()]
+    for root in roots:
+        root.eval()
+    try:
+        yield 'eval' + (
+            ' (the model was in training mode: measured in eval mode, its mode restored)' if any(flags) else ''
+        )
+    finally:
+        for m, f in zip(mods, flags):
+            m.training = f
+        with torch.no_grad():
+            for b, saved in bufs:
+                b.copy_(saved)
+
 # %% ../../nbs/03c_diagnostics.ipynb #dia0diag
 def diagnose(
     model,
@@ -589,7 +614,17 @@ def diagnose(
     spec = as_spec(model) if K is None else dataclasses.replace(as_spec(model), K=K)
     splits, units = _splits(data)
     _check_args(splits, batch_size, seq_len, spec)
-    kw = dict(batch_size=batch_size, seq_len=seq_len, device=device)
+    options = dict(max_batches=max_batches, loss=loss, norm_penalty=norm_penalty, ce_chunk=ce_chunk)
+    options.update(few_tokens=few_tokens, lemma_loops=lemma_loops, halting_target=halting_target)
+    with measuring_mode(spec) as mode:
+        return _measure(spec, splits, units, dict(batch_size=batch_size, seq_len=seq_len, device=device), mode,
+                        subset_tokens=subset_tokens, **options)  # fmt: skip
+
+
+def _measure(spec, splits, units, kw, mode, max_batches, loss, norm_penalty, ce_chunk, few_tokens, lemma_loops,
+             halting_target, subset_tokens) -> DiagnosticReport:  # fmt: skip
+    "`diagnose`'s measurements, the spec's modules in the `mode` `measuring_mode` set."
+    seq_len, device, batch_size = kw['seq_len'], kw['device'], kw['batch_size']
     val = splits['validation']
     per = batch_size * (val.ids.shape[1] - 1 if isinstance(val, PaddedTokens) else seq_len)  # positions per batch
     sub = min(max_batches or math.inf, -(-subset_tokens // per))  # norms, clamp modes, halting: the first ~40k tokens
@@ -600,7 +635,7 @@ def diagnose(
         check['padding_rel_diff'] = padding_rel_diff(spec, val, device)
     plain = loop_scores(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw)  # halting, norms, clamp 'none'
     rep, skipped = _spec_parts(spec, val, check, plain, (sub, few), ce_chunk, lemma_loops, kw)
-    head = dict(version=DIAG_VERSION, name=spec.name, state=spec.state, K=spec.K, spec_check=check)
+    head = dict(version=DIAG_VERSION, name=spec.name, state=spec.state, K=spec.K, mode=mode, spec_check=check)
     return DiagnosticReport(
         **head,
         exits=_exits(spec, splits, units, max_batches, ce_chunk, kw),
