@@ -1,5 +1,5 @@
 """A model left in training mode (issue 55.5): measured in eval mode, the report says so, and the caller's mode and
-every stateful buffer (a spectral norm's power iteration) are restored bit for bit; its numbers equal the eval model's."""
+every stateful buffer (a spectral norm's power iteration) are restored bit for bit; its numbers equal the eval ones."""
 
 import numpy as np
 import torch, torch.nn as nn
