@@ -18,10 +18,17 @@ class Spectral(nn.Module):
         s.lin = nn.utils.parametrizations.spectral_norm(nn.Linear(D, D))
         s.norm, s.head = nn.RMSNorm(D), nn.Linear(D, V, bias=False)
 
+    def forward(s, t, k: int = 3):
+        "The model's own logits at exit k."
+        h = s.emb(t)
+        for _ in range(k):
+            h = h + s.drop(torch.tanh(s.lin(h)))
+        return s.head(s.norm(h))
+
     def spec(s):
         return LoopSpec(lambda t: (s.emb(t), None), lambda h, c, k: h + s.drop(torch.tanh(s.lin(h))),
                         lambda h, c, k: s.head(s.norm(h)), 3, 'spectral', 'the state after loop k', modules=(s,),
-                        readout_norm=s.norm)  # fmt: skip
+                        readout_norm=s.norm, exits=lambda t, k: s(t, k))  # fmt: skip
 
 
 def test_a_model_in_training_mode_is_measured_in_eval_mode_and_left_as_it_was():

@@ -315,7 +315,10 @@ def test_diagnose_skips_what_the_spec_cannot_do_with_the_reason(ids):
     m = huginn()
     why = 'its state, the coda output, is not what the loop feeds back'
     coda = coda_spec(m, no_clamp=why, modules=m)
-    rep = diagnose(coda, ids, max_batches=2, lemma_loops=6, **kw)
+    with pytest.raises(LoopSpecError, match='unchecked=True'):  # neither trace nor exits: refused, unless said
+        diagnose(coda, ids, max_batches=2, lemma_loops=6, **kw)
+    rep = diagnose(coda, ids, max_batches=2, lemma_loops=6, unchecked=True, **kw)
+    assert rep['spec_check']['checked_against'].startswith('unchecked') and 'checked against unchecked' in repr(rep)
     assert 'clamp' not in rep and rep['skipped']['clamp'] == coda.no_clamp
     assert all(r['objective'] is None and r['ratio_p50'] == pytest.approx(1, abs=1e-6) for r in rep['radial'])
     assert set(rep['skipped']) == {'clamp', 'radial objective', 'lemma2'}

@@ -28,6 +28,13 @@ class Intermittent(nn.Module):
     def logits(s, h, e):
         return s.head(s.norm(h + e))
 
+    def forward(s, t, k: int = K):
+        "The model's own logits at exit k."
+        h, e = torch.zeros(*t.shape, D), s.emb(t)
+        for j in range(1, k + 1):
+            h = s.step(h, e, j)
+        return s.logits(h, e)
+
 
 @pytest.fixture(scope='module')
 def spec():
@@ -41,6 +48,7 @@ def spec():
         name='intermittent',
         state='a state zero until loop 2, updated at even loops',
         modules=(m,),
+        exits=lambda t, k: m(t, k),
     )
 
 

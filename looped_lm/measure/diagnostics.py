@@ -43,10 +43,11 @@ from .radial import radial_fractions, angular_updates
 from ..training.rundir import load_run
 
 # %% auto #0
-__all__ = ['DIAG_VERSION', 'MEASURING_CODE', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'EVAL_TOKENS', 'EVAL_CE_CHUNK',
+__all__ = ['DIAG_VERSION', 'MEASURING_CODE', 'HEAVY_TAIL_HILL', 'SCALE_ALPHAS', 'UNCHECKED', 'EVAL_TOKENS', 'EVAL_CE_CHUNK',
            'DiagnosticReport', 'matches_key', 'cached_report', 'checkpoint_id', 'report_key', 'current_report',
            'read_run', 'eval_exits', 'exit_throughput', 'hill_estimator', 'token_norms', 'norm_stats', 'clamp_modes',
-           'scale_sensitivity', 'lemma2', 'measuring_mode', 'diagnose', 'diagnose_trained', 'diagnose_run']
+           'scale_sensitivity', 'lemma2', 'checked_against', 'measuring_mode', 'diagnose', 'diagnose_trained',
+           'diagnose_run']
 
 # %% ../../nbs/03c_diagnostics.ipynb #91c3f3a7
 DIAG_VERSION = 5  # the report's layout (what records and tables read); its content is keyed by the code below
@@ -141,7 +142,8 @@ class DiagnosticReport(dict):
 
     def _repr_markdown_(self) -> str:
         name, state = self.get('name', 'model'), self.get('state') or 'unstated'
-        head = f"**{name}** — H_k: {state}; diagnostics v{self.get('version')}"
+        checked = (self.get('spec_check') or {}).get('checked_against', 'not recorded')
+        head = f"**{name}** — H_k: {state}; diagnostics v{self.get('version')}; checked against {checked}"
         return '\n\n'.join([head] + [f'**{k}**\n\n{v}' for k, v in self.tables().items()])
 
     def __repr__(self):
@@ -568,6 +570,27 @@ def _geometry(spec, val, few: int, loss: str, norm_penalty: float, ce_chunk: int
     rows = {p: measured_part(skipped, p, f) for p, f in parts.items()}
     return {p: r for p, r in rows.items() if r is not None}
 
+# %% ../../nbs/03c_diagnostics.ipynb #dia0chk1
+UNCHECKED = "unchecked: the spec has neither trace nor exits, so nothing compared it with the model's own forward"
+
+
+def checked_against(check: dict, name: str, unchecked: bool) -> str:
+    """What a report's numbers were checked against: the model's own states (`trace`) or exits (`exits`), with the
+    largest relative difference; an unchecked spec is refused unless `unchecked` (then the report says so)."""
+    said = [f"{w} (largest relative difference {check[k]:.1e})" for k, w in
+            (('forward_rel_diff', "the model's own states (trace)"), ('exit_rel_diff', "the model's own exits (exits)"))
+            if check.get(k) is not None]  # fmt: skip
+    if said:
+        return '; '.join(said)
+    if not unchecked:
+        raise LoopSpecError(
+            f"{name}: the spec has neither trace nor exits, so no number could be checked against the model's own "
+            "forward (a k counted from 0, a readout that is not the model's exit, would pass unseen). Give "
+            "LoopSpec(exits=(tokens, k) -> the model's logits at exit k) or trace=..., or pass unchecked=True to "
+            "measure it anyway: the report then says it is unchecked."
+        )
+    return UNCHECKED
+
 # %% ../../nbs/03c_diagnostics.ipynb #dia0mod1
 @contextmanager
 def measuring_mode(spec):
@@ -608,21 +631,24 @@ def diagnose(
     lemma_loops: int = 30,
     halting_target: float = 1.01,
     subset_tokens: int = 40960,
+    unchecked: bool = False,
 ) -> DiagnosticReport:
     """Every diagnostic of a `LoopedLM` or `LoopSpec` on token ids (a 1-D stream, cut into windows of `seq_len`, or
-    `PaddedTokens`, read row by row); a part the spec cannot do is skipped with its reason."""
+    `PaddedTokens`, read row by row); a part the spec cannot do is skipped with its reason. A spec with neither `trace`
+    nor `exits` (nothing compares it with the model's own forward) is refused unless `unchecked`, which the report
+    records."""
     spec = as_spec(model) if K is None else dataclasses.replace(as_spec(model), K=K)
     splits, units = _splits(data)
     _check_args(splits, batch_size, seq_len, spec)
     options = dict(max_batches=max_batches, loss=loss, norm_penalty=norm_penalty, ce_chunk=ce_chunk)
-    options.update(few_tokens=few_tokens, lemma_loops=lemma_loops, halting_target=halting_target)
+    options.update(few_tokens=few_tokens, lemma_loops=lemma_loops, halting_target=halting_target, unchecked=unchecked)
     with measuring_mode(spec) as mode:
         return _measure(spec, splits, units, dict(batch_size=batch_size, seq_len=seq_len, device=device), mode,
                         subset_tokens=subset_tokens, **options)  # fmt: skip
 
 
 def _measure(spec, splits, units, kw, mode, max_batches, loss, norm_penalty, ce_chunk, few_tokens, lemma_loops,
-             halting_target, subset_tokens) -> DiagnosticReport:  # fmt: skip
+             halting_target, subset_tokens, unchecked) -> DiagnosticReport:  # fmt: skip
     "`diagnose`'s measurements, the spec's modules in the `mode` `measuring_mode` set."
     seq_len, device, batch_size = kw['seq_len'], kw['device'], kw['batch_size']
     val = splits['validation']
@@ -631,6 +657,7 @@ def _measure(spec, splits, units, kw, mode, max_batches, loss, norm_penalty, ce_
     few = min(max_batches or math.inf, -(-few_tokens // per))  # float64 gradients, angles, scale, Lemma 2: ~8k
     spec = guarded_spec(spec, val, seq_len, device)  # raises LoopSpecError on a broken spec
     check = {k: v for k, v in checked_spec(spec, None).items() if isinstance(v, (int, float, str, bool, type(None)))}
+    check['checked_against'] = checked_against(check, spec.name, unchecked)  # before any measurement
     if isinstance(val, PaddedTokens):  # the data's check: each guard row's logits against its tokens alone
         check['padding_rel_diff'] = padding_rel_diff(spec, val, device)
     plain = loop_scores(spec, val, max_batches=sub, ce_chunk=ce_chunk, **kw)  # halting, norms, clamp 'none'

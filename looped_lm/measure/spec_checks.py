@@ -250,7 +250,8 @@ def _check_exits(spec, x, hs, ctx, res):
         diffs = [
             _rel_diff(spec.readout(h, ctx, k), o) if o is not None else 0.0 for k, (h, o) in enumerate(zip(hs, own), 1)
         ]
-    res['exit_rel_diff'] = max(diffs)
+    compared = [d for d, o in zip(diffs, own) if o is not None]  # no exit at any loop compared: not checked (None)
+    res['exit_rel_diff'] = max(compared) if compared else None
     if bad := [k for k, d in enumerate(diffs, 1) if not d <= 1e-4]:
         raise LoopSpecError(
             f"{spec.name}: the readout at exit {bad[0]} differs from the model's own exit function (relative "
