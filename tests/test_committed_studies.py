@@ -438,3 +438,17 @@ def test_no_committed_claim_is_both_not_testable_and_given_another_verdict():
             if verdict.startswith('not testable') and 'per_seed' in c and 'claim_verdict' not in c:
                 assert set(c['per_seed'].values()) <= {None}, (f.name, c.get('title'))
     assert seen, 'no committed claim is not testable: the check read nothing'
+
+
+def test_depth_worth_says_its_r2_was_foreseeable_from_the_choosing_seed():
+    """Issue 54: B1200 was chosen from scaling-cpu's budget-2 point on seed 0, where C3 already failed (the at-risk
+    gain from exit 1 to 4 above the penalty control's): the study's README tags R2 so, with the numbers recomputed."""
+    import csv
+
+    rows = {r['variant']: r for r in csv.DictReader(open(FIGURES / 'scaling-cpu' / 'scaling.csv'))
+            if r['point'] == 'budget-2' and r['seed'] == '0'}  # fmt: skip
+    at, pen = (float(rows[v]['gain']) for v in ('perloop-rmsnorm', 'perloop-penalty'))
+    assert pen < 3 * at  # C3 fails on the choosing seed
+    text = ' '.join((FIGURES / 'depth-worth' / 'README.md').read_text().split())
+    assert f'gained {at:.4f} nats from exit 1 to 4 and `perloop-penalty` {pen:.4f}' in text
+    assert '*foreseeable from the choosing seed*' in text
