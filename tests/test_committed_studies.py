@@ -452,3 +452,32 @@ def test_depth_worth_says_its_r2_was_foreseeable_from_the_choosing_seed():
     text = ' '.join((FIGURES / 'depth-worth' / 'README.md').read_text().split())
     assert f'gained {at:.4f} nats from exit 1 to 4 and `perloop-penalty` {pen:.4f}' in text
     assert '*foreseeable from the choosing seed*' in text
+
+
+def test_the_dose_curves_say_what_their_readme_quotes():
+    """figures/depth-dose (issue 53, part 1): each curve's c = 1 point is its record's gain (the same weights), exit 1
+    never moves, and the README's c*, predicted drift and 1/c numbers are recomputed from curves.json and records."""
+    import json
+    from looped_lm.extensions.depth import read_depth_records, depth_row
+    from looped_lm.extensions.dose import dose_star
+
+    out = json.loads((FIGURES / 'depth-dose' / 'curves.json').read_text())
+    text = ' '.join((FIGURES / 'depth-dose' / 'README.md').read_text().split())
+    recs = {
+        (r['variant'], r['seed']): depth_row(r)
+        for r in read_depth_records(FIGURES / 'depth-worth')
+        if r['arm'] == 'B1200'
+    }
+    stars, drifts = [], []
+    for c in out['curves']:
+        rows = {r['c']: r for r in c['rows']}
+        assert c['same_weights'] and abs(rows[1]['gain_K'] - recs['perloop-rmsnorm', c['seed']]['g_K']) < 1e-6
+        assert max(r['exit_j_rel_diff'] for r in c['rows']) < 1e-9
+        assert dose_star(c['rows'], c['weakest_control_g_K']) == c['c_star']
+        stars.append(c['c_star'])
+        drifts.append(c['c_star'] * recs['perloop-rmsnorm', c['seed']]['s'] / recs['perloop-raw', c['seed']]['s'])
+        assert f"{16 * rows[16]['gain_K']:.3f} → {1024 * rows[1024]['gain_K']:.3f}" in text
+    assert 'c\\* = ' + ', '.join(f'{s:.1f}' for s in stars[:2]) + f' and {stars[2]:.1f}' in text
+    assert (
+        'about ' + ', '.join(f'{round(d, -1):.0f}×' for d in drifts[:2]) + f' and {round(drifts[2], -1):.0f}×' in text
+    )
