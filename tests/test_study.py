@@ -47,7 +47,8 @@ def test_variant_forms_and_order():
         'perloop-raw, perloop-rmsnorm',
     ):
         assert check_variants(given) == ['perloop-rmsnorm', 'perloop-raw']
-    assert check_variants(None) == check_variants('all') == list(VARIANTS)
+    assert check_variants('all') == list(VARIANTS) and check_variants(None) == check_variants('primary')
+    assert check_variants(None) == [*check_variants('official'), 'one-pass']  # the default: the seven + the reference
     assert check_variants('official') == [
         'terminal-rmsnorm',
         'terminal-raw',

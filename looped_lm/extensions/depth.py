@@ -27,7 +27,7 @@ from .grid import record_once
 __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'DEPTH_GRIDS', 'DEPTH_VERSION', 'RECORDS', 'RULES', 'AT_RISK_V',
            'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'RULE_KINDS', 'ROW_COLUMNS', 'DEPTH', 'dose_variant',
            'khop_data', 'khop_corpus', 'DepthGrid', 'check_depth', 'depth_key', 'depth_row', 'arm_runs', 'rule_r1',
-           'official_claims', 'spearman', 'rule_r3', 'missing_runs', 'not_measured', 'depth_table',
+           'official_claims', 'spearman', 'rule_r3', 'missing_runs', 'not_measured', 'depth_rules', 'depth_table',
            'read_depth_records', 'write_depth', 'rebuild_depth', 'plan_records', 'publish_depth', 'depth_data',
            'depth_fields', 'run_depth']
 

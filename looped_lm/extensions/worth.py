@@ -20,8 +20,8 @@ from .depth import official_claims, ROW_COLUMNS, AT_RISK_V, PER_LOOP_CONTROLS
 from .depth import missing_runs, not_measured
 
 # %% auto #0
-__all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'WORTH', 'write_worth', 'rebuild_worth', 'publish_worth',
-           'run_worth']
+__all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'WORTH', 'worth_rules', 'write_worth', 'rebuild_worth',
+           'publish_worth', 'run_worth']
 
 # %% ../../nbs/06e_worth.ipynb #wor00007
 WORTH_VARIANTS = (
