@@ -17,7 +17,7 @@ from ..studies.runner import run_grid
 from .depth import DEPTH, DepthGrid, check_depth, depth_row, depth_table, publish_depth
 from .depth import read_depth_records, rule_r1
 from .depth import official_claims, ROW_COLUMNS, AT_RISK_V, PER_LOOP_CONTROLS
-from .depth import missing_runs, not_measured
+from .depth import missing_runs, not_measured, RULE_KINDS
 
 # %% auto #0
 __all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'WORTH', 'worth_rules', 'write_worth', 'rebuild_worth',
@@ -121,7 +121,7 @@ def worth_rules(records: list, seeds=(1, 2, 3), variants=WORTH_VARIANTS) -> dict
         step, cell, have = _rows_at(records, arm)
         missing = missing_runs(records, arm, (step,), variants, seeds)
         if missing:
-            kinds = dict(R1='precondition', R2='consequence', R2b='consequence (secondary)', R5='consequence')
+            kinds = dict(R1=RULE_KINDS['R1'], R2=RULE_KINDS['R2'], R2b='consequence (secondary)', R5=RULE_KINDS['R5'])
             rules = {r: not_measured(missing, k) for r, k in kinds.items()}
             out['arms'][arm] = dict(step=step, seeds=have, provisional=[s for s in seeds if s not in have], **rules)
             continue

@@ -484,12 +484,12 @@ def claim_set(records, names: list, gate: dict = None, seeds: list = None) -> di
         out[cid]['evidence'] = tag
     for c, v in out.items():
         if v.get('evidence', '').startswith((NOT_TESTABLE, 'not measured')):
-            out[c] = untestable(v, v['evidence'] if v['evidence'].startswith('not measured') else NOT_TESTABLE)
+            out[c] = no_verdict(v, v['evidence'] if v['evidence'].startswith('not measured') else NOT_TESTABLE)
     gone = absent_runs(records, names, seeds)
     for cid, v in out.items():
         members = names if cid in ('C2', 'L1') else v['at_risk'] + v['controlled']
         if miss := [f"{n} seed {s}" for n, s in gone if n in members]:
-            out[cid] = untestable(v, 'not measured: missing ' + ', '.join(miss))
+            out[cid] = no_verdict(v, 'not measured: missing ' + ', '.join(miss))
     return out
 
 
@@ -503,7 +503,7 @@ def absent_runs(records, names: list, seeds: list = None) -> list:
 NOT_TESTABLE = 'not testable'  # the verdict of a claim whose gate fails: no outcome is read from its numbers
 
 
-def untestable(claim: dict, verdict: str = NOT_TESTABLE) -> dict:
+def no_verdict(claim: dict, verdict: str = NOT_TESTABLE) -> dict:
     """A claim no outcome is read from (its gate failed, or a member of its group is missing): `verdict`, no seed held
     or not (its numbers stay, descriptive only)."""
     per = {s: None for s in claim['per_seed']}
