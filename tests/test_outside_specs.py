@@ -336,3 +336,48 @@ def test_from_hooks_on_a_module_whose_first_argument_is_not_the_state(ids):
     spec = from_hooks(m, m.core.adapter, lambda h, ctx, k: m.head(m.norm(h)), K, state='latent')
     with pytest.raises(LoopSpecError, match='first argument is not the state'):
         eval_exits(spec, ids, max_batches=1, **kw)
+
+
+class UpdateLoop(nn.Module):
+    """A looped model whose loop body is two layers, each returning an *update* the forward adds to the state:
+    h = h + f1(h); h = h + f2(h), K times; logits = head(norm(h)). The state is h, never what f1 or f2 return."""
+
+    def __init__(s):
+        super().__init__()
+        s.emb, s.norm, s.head = nn.Embedding(V, D), nn.RMSNorm(D), nn.Linear(D, V, bias=False)
+        s.f1, s.f2 = (nn.Sequential(nn.RMSNorm(D), nn.Linear(D, D), nn.GELU()) for _ in range(2))
+
+    def forward(s, x):
+        h = s.emb(x)
+        for _ in range(K):
+            h = h + s.f1(h)
+            h = h + s.f2(h)
+        return (F.cross_entropy(s.head(s.norm(h))[:, :-1].flatten(0, 1), x[:, 1:].flatten()), s.head(s.norm(h)))
+
+
+def test_from_hooks_checks_its_readout_against_the_models_output(ids):
+    "A hooked module that returns an update, or the first of several looped layers: the readout reads the wrong tensor."
+    torch.manual_seed(0)
+    m = UpdateLoop().double()
+    readout = lambda h, ctx, k: m.head(m.norm(h))
+    for spec in (
+        from_hooks(m, m.f2, readout, K, steppable=False, state='f2 output (an update)'),
+        from_hooks(m, [m.f1, m.f2], readout, K, steppable=False, state='the two updates'),
+    ):
+        with pytest.raises(LoopSpecError, match='returns an update rather than the next state'):
+            check_spec(spec, ids)
+    # the same model described right: the states are the sums the forward keeps, read from its output (loss, logits)
+    spec = LoopSpec(
+        lambda t: (m.emb(t), None),
+        lambda h, c, k: (h + m.f1(h)) + m.f2(h + m.f1(h)),
+        readout,
+        K,
+        state='the residual state after loop k',
+        exits=lambda t, k: m(t)[1] if k == K else None,
+    )
+    assert check_spec(spec, ids)['exit_rel_diff'] < 1e-12
+    # its output holds no logits where from_hooks looks: the error names output=
+    plain = from_hooks(m, m.f2, readout, K, steppable=False, state='x', output=lambda out: out[0])
+    with pytest.raises(LoopSpecError, match='exits must return the logits'):
+        check_spec(plain, ids)
+    assert from_hooks(m, m.f2, readout, K, steppable=False, state='x', output=False).exits is None

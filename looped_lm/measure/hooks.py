@@ -5,13 +5,14 @@ once per loop — steppable, or recorded from one forward pass."""
 
 # %% ../../nbs/03d_hooks.ipynb #hok00imp
 from __future__ import annotations
-import copy
+import copy, dataclasses
+from collections.abc import Mapping
 from typing import Callable
 import torch, torch.nn as nn
 from .protocol import LoopSpec, LoopSpecError, model_device
 
 # %% auto #0
-__all__ = ['from_hooks']
+__all__ = ['model_logits', 'from_hooks']
 
 # %% ../../nbs/03d_hooks.ipynb #3da98de4
 class _Stop(Exception):
@@ -187,6 +188,45 @@ def _steppable_step(mods, select, name) -> Callable:
 
     return step
 
+# %% ../../nbs/03d_hooks.ipynb #050ebcbe
+def model_logits(out, output: Callable = None):
+    """The logits in a model's output `out`: `output(out)` when given, else `out` itself, `out.logits`,
+    `out['logits']` or the first 3-d tensor of a tuple or list (None where none is found)."""
+    if output is not None:
+        return output(out)
+    if isinstance(out, torch.Tensor):
+        return out
+    got = getattr(out, 'logits', None)
+    if got is None and isinstance(out, Mapping):
+        got = out.get('logits')
+    if got is None and isinstance(out, (tuple, list)):
+        got = next((t for t in out if isinstance(t, torch.Tensor) and t.dim() == 3), None)
+    return got
+
+
+def _last_exit(model, K: int, fk, output, name) -> Callable:
+    "(tokens, k) -> the logits of the model's own forward at k = K; None at the loops before (no exit there)."
+
+    def exits(tokens, k):
+        if k != K:
+            return None
+        with torch.no_grad():
+            out = model(tokens.to(model_device(model)), **fresh_kwargs(fk))
+        if not isinstance(got := model_logits(out, output), torch.Tensor):
+            raise LoopSpecError(
+                f"{name}: no logits found in the model's output (a {type(out).__name__}) to check the readout "
+                "against; pass output=lambda out: <the logits>, or exits=(tokens, k) -> the logits at exit k, or "
+                "output=False to leave the readout unchecked against the model's output."
+            )
+        return got
+
+    exits.hint = (
+        " With from_hooks, the hooked module's output may not be the state the model reads out: a module that returns "
+        "an update rather than the next state (hook the one whose output is the state), or the first of several "
+        "looped layers (pass them all as a list, in call order)."
+    )
+    return exits
+
 # %% ../../nbs/03d_hooks.ipynb #5bcb103e
 def from_hooks(
     model: nn.Module,
@@ -200,13 +240,19 @@ def from_hooks(
     steppable: bool = True,
     state: str = '',
     name: str = None,
+    exits: Callable = None,
+    output: Callable = None,
 ) -> LoopSpec:
-    "A `LoopSpec` for `model` from its per-loop submodule(s) `loop_module` (first argument: the state, output: next)."
+    """A `LoopSpec` for `model` from its per-loop submodule(s) `loop_module` (first argument: the state, output: next),
+    its readout checked against the model's own output at the last loop (`output=`: where the logits are; `exits=`:
+    the model's exits, as `LoopSpec`'s; `output=False`: unchecked)."""
     fk, name = forward_kwargs, name or type(model).__name__  # `fresh_kwargs(fk)` for every call
     mods = _loop_modules(loop_module, states, embed, name)
     trace = _hooked_trace(model, mods, K, fk, states, select, name)
+    if exits is None and output is not False:
+        exits = _last_exit(model, K, fk, output, name)
     if states is not None or not steppable:
-        return _recorded_spec(model, readout, K, trace, state, name)
+        return dataclasses.replace(_recorded_spec(model, readout, K, trace, state, name), exits=exits)
     return LoopSpec(
         _steppable_init(model, mods, embed, fk, name),
         _steppable_step(mods, select, name),
@@ -216,4 +262,5 @@ def from_hooks(
         state or f"the output of {type(mods[-1]).__name__} at loop k, which the next loop receives",
         trace=trace,
         modules=(model,),
+        exits=exits,
     )

@@ -510,7 +510,9 @@ def readout_norm_at(spec, k: int, dtype=torch.float32):
         return n[0], float(n[1])
     raise LoopSpecError(
         f"{spec.name}: readout_norm must be an nn.RMSNorm or nn.LayerNorm, ('rmsnorm' | 'layernorm', eps), "
-        f"or k -> one of those (None where the readout does not normalize H_k), got {type(n).__name__}."
+        f"or k -> one of those (None where the readout does not normalize H_k), got {type(n).__module__}."
+        f"{type(n).__qualname__}; for another library's norm, pass ('rmsnorm' | 'layernorm', its eps) after checking "
+        "that it computes the same (no learned shift for rmsnorm)."
     )
 
 # %% ../../nbs/03_protocol.ipynb #0fd01b2e

@@ -164,7 +164,9 @@ def _check_readout(spec, hs, ctx, y, res):
     if res['readout_uses_k'] and not spec.readout_uses_k:
         raise LoopSpecError(
             f"{spec.name}: the readout of the same state changes with k, but the spec says it does not; set "
-            "readout_uses_k=True if that is meant (e.g. a norm at the final loop only), else make readout ignore k."
+            "readout_uses_k=True where the model's own exits depend on k too (e.g. a norm at the final loop only); "
+            "make the readout ignore k only where the model's exits ignore it, which LoopSpec(exits=...) checks: a "
+            "readout made to ignore k against the model reads its early exits wrong and its depth gain with them."
         )
     with torch.enable_grad():
         h = hs[-1].detach().requires_grad_()
@@ -241,6 +243,17 @@ def padding_rel_diff(spec, tokens: PaddedTokens, device='cpu') -> float:
     return d
 
 # %% ../../nbs/03_spec_checks.ipynb #47908be4
+def _same_shape(spec, ours: torch.Tensor, own: torch.Tensor, k: int) -> torch.Tensor:
+    "The readout's logits at exit k, refused (naming the fix) where the model's own exit has another shape."
+    if not isinstance(own, torch.Tensor) or own.shape != ours.shape:
+        raise LoopSpecError(
+            f"{spec.name}: the model's own exit {k} gives {getattr(own, 'shape', type(own).__name__)}, the readout "
+            f"{tuple(ours.shape)}: exits must return the logits the model computes at exit k, of the readout's shape "
+            "(None where the model has no exit k)."
+        )
+    return ours
+
+
 def _check_exits(spec, x, hs, ctx, res):
     "The readout at every exit k against the model's own exit function (`LoopSpec.exits`), when the spec gives one."
     if spec.exits is None:
@@ -248,7 +261,8 @@ def _check_exits(spec, x, hs, ctx, res):
     with torch.no_grad():
         own = [call_user(spec, 'exits', k, x, k) for k in range(1, len(hs) + 1)]  # None: no exit k (a spec run deeper)
         diffs = [
-            _rel_diff(spec.readout(h, ctx, k), o) if o is not None else 0.0 for k, (h, o) in enumerate(zip(hs, own), 1)
+            _rel_diff(_same_shape(spec, spec.readout(h, ctx, k), o, k), o) if o is not None else 0.0
+            for k, (h, o) in enumerate(zip(hs, own), 1)
         ]
     compared = [d for d, o in zip(diffs, own) if o is not None]  # no exit at any loop compared: not checked (None)
     res['exit_rel_diff'] = max(compared) if compared else None
@@ -257,6 +271,7 @@ def _check_exits(spec, x, hs, ctx, res):
             f"{spec.name}: the readout at exit {bad[0]} differs from the model's own exit function (relative "
             f"difference {diffs[bad[0] - 1]:.2g}; exits {bad} differ): the readout skips or changes part of the "
             "model's exit (a halting-weighted sum, a final norm, a scale); describe the exit as the model computes it."
+            + getattr(spec.exits, 'hint', '')
         )
 
 # %% ../../nbs/03_spec_checks.ipynb #47908a23
