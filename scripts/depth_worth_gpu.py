@@ -22,7 +22,7 @@ from looped_lm.studies.runner import finish_grid
 
 def publish_measured(grid: str, out_dir, device: str, remove_stale: bool = False) -> list:
     """Publish the records of the runs already measured, training nothing: what an interrupted grid finished. A
-    published run with no current record is refused (another device or out_dir?) unless `remove_stale`."""
+    published record no run folder here reproduces is kept as it was, and named; `remove_stale` drops runs redone."""
     plan = WORTH.check(grid, out_dir, None, device, 1)
     records = finish_grid(WORTH, plan, WORTH.data(plan), remove_stale=remove_stale)
     print(f"published {len(records)} of {len(plan.jobs)} runs' records into {plan.fig_dir}")

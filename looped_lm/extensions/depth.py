@@ -706,7 +706,7 @@ def plan_records(plan: DepthPlan, data) -> list:
 def publish_depth(plan: DepthPlan, data, states: list = None, rebuild=None, remove_stale: bool = False) -> list:
     """Every run's current records published and the tables rebuilt (`rebuild(fig_dir)`, default `rebuild_depth`); the
     records. Called under the study lock: what a finished grid ends with and what an interrupted one publishes. A
-    published run with no current record is refused unless `remove_stale` (`publish_records`)."""
+    published step no run folder here reproduces is kept, and named (`publish_records`)."""
     records, fig = plan_records(plan, data), Path(plan.fig_dir)
     own_folder(fig, dict(kind='depth', grid=plan.grid, preset=plan.spec.preset))  # one study's folder
     removed = publish_records(plan.jobs, records, fig, remove_stale)

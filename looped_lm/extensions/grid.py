@@ -118,27 +118,25 @@ def _redone_here(job, path: Path) -> bool:
 
 
 def publish_records(jobs, records: list, folder, remove_stale: bool = False) -> list:
-    """One `folder/records/<run>.jsonl` per job holding its current `records`; the published steps it removed. A
-    published step with no current record here (a fresh clone, other options, a kept checkpoint deleted) is kept: it is
-    refused before anything is written, unless `remove_stale` and the run was redone here (`_redone_here`)."""
-    out, lost = Path(folder) / 'records', {}
-    for j in jobs:
-        path, now = out / f'{j.run_dir.name}.jsonl', {r['step'] for r in records if r['run'] == j.run_dir.name}
-        if gone := sorted({r['step'] for r in read_records(path)} - now):
-            lost[j.run_dir.name] = (j, path, gone)
-    if kept := [f"{p.name} (steps {s})" for j, p, s in lost.values() if not (remove_stale and _redone_here(j, p))]:
-        raise RunDirError(
-            f"publishing would drop {len(kept)} published record(s) that no run folder here reproduces: "
-            f"{', '.join(kept[:4])}{' ...' if len(kept) > 4 else ''}. Publish with the options and out_dir the study "
-            "ran with; remove_stale=True removes only runs redone here since. Nothing was written."
-        )
+    """One `folder/records/<run>.jsonl` per job: its current `records`, beside every published step no run folder here
+    reproduces (a fresh clone, a session's lost runs, a kept checkpoint deleted), kept as it was and named; with
+    `remove_stale`, a run redone here (`_redone_here`) drops its steps not measured again. The steps it removed."""
+    out, removed, kept = Path(folder) / 'records', [], []
     out.mkdir(parents=True, exist_ok=True)
     for j in jobs:
-        mine, path = [r for r in records if r['run'] == j.run_dir.name], out / f'{j.run_dir.name}.jsonl'
-        if mine:
-            write_atomic(path, ''.join(json.dumps(r) + '\n' for r in sorted(mine, key=lambda r: r['step'])))
-        elif j.run_dir.name in lost:
+        path, mine = out / f'{j.run_dir.name}.jsonl', {r['step']: r for r in records if r['run'] == j.run_dir.name}
+        old = {r['step']: r for r in read_records(path) if r['step'] not in mine}
+        if old and remove_stale and _redone_here(j, path):
+            removed.append((path, sorted(old)))
+            old = {}
+        kept += [f"{path.name} (steps {sorted(old)})"] if old else []
+        if rows := [r for _, r in sorted((old | mine).items())]:
+            if not old or mine:  # a file holding only what was published is left as it is
+                write_atomic(path, ''.join(json.dumps(r) + '\n' for r in rows))
+        elif path.exists():
             path.unlink()
-    for _, p, steps in lost.values():
+    for p, steps in removed:
         print(f"{p.name}: steps {steps} removed (the run was redone here)", flush=True)
-    return [(p, s) for _, p, s in lost.values()]
+    if kept:
+        print(f"kept as published, no run folder here reproduces them: {', '.join(kept)}", flush=True)
+    return removed
