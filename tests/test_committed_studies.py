@@ -161,9 +161,9 @@ def test_evidence_tags_and_margin_sensitivity_follow_the_records(study):
 @pytest.mark.parametrize('study', WITH_RECORDS)
 def test_selected_for_and_transient_tags_follow_the_choice_record(study):
     """Recomputed here from the records without the claims code: a study of a preset chosen on the drift tags C1 and
-    C5a *selected for*; its C6 is tagged *transient* exactly when it holds here on some seed and, at the last checkpoint
-    of the longer runs of the same setting, some per-loop control is above 0.99x the at-risk PPL at some exit on every
-    seed."""
+    C5a *selected for*; its C6 is tagged *transient* (not reproduced there) exactly when it holds here on some seed and,
+    at the last checkpoint of the longer runs of the same setting, some per-loop control is above 0.99x the at-risk PPL
+    at some exit on every seed; and *transient* the other way when it fails here and holds there on some seed."""
     import json
     from looped_lm.studies.variants import VARIANTS
 
@@ -192,7 +192,9 @@ def test_selected_for_and_transient_tags_follow_the_choice_record(study):
         ratio = max(max(ppl[c][k] for c in ctl) / min(ppl[a][k] for a in at) for k in range(len(ppl[at[0]])))
         fails.append(ratio > 0.99)
     reverses = all(fails) and claims['C6']['verdict'] in ('reproduced', 'partly')
-    assert ('transient' in tag('C6')) == reverses, (study, fails, tag('C6'))
+    grows = not all(fails) and claims['C6']['verdict'] == 'not reproduced at this scale'  # the other way (54.4)
+    assert ('does not reproduce it' in tag('C6')) == reverses, (study, fails, tag('C6'))
+    assert not grows or 'transient' in tag('C6'), (study, fails, tag('C6'))
 
 
 def test_horizon_pages_rebuild_from_the_committed_records(tmp_path):
@@ -325,6 +327,10 @@ def test_the_readme_quotes_the_tags_and_the_harness_numbers_their_records_give()
         assert held and f"*selected for* (lr 3e-3: {held.group(1)[0]}/3)" in readme, (c, claims[c]['evidence'])
     edge = re.search(r'fires only from ([\d.]+)× to', claims['C6']['evidence']).group(1)
     assert f'fires from {edge}× its margin' in readme and 'transient' in claims['C6']['evidence']
+    lo, hi = re.search(
+        r'reads partly \(1/3\), here .*fires only from ([\d.]+)× to ([\d.]+)×', claims['C4b']['evidence']
+    ).groups()
+    assert f'*transient* the other way (partly at 3,000 steps, 1/3), *fragile* ({lo}–{hi}× its margin)' in readme
     assert 'powerless against chance' in claims['C2']['evidence']
     harness = json.loads((FIGURES.parent / 'benchmarks' / 'results' / 'lm_eval_cpu.json').read_text())
     ours, theirs = harness['rows'][0]['bpb'], harness['rows'][-1]['bpb']

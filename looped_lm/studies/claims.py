@@ -648,33 +648,40 @@ def contingent_tags(claims: dict, names: list, choice: dict) -> dict:
     return {c: '; '.join(t) for c, t in tags.items()}
 
 # %% ../../nbs/04c_claims.ipynb #cla0tran
-def _transient_at(records, later, names: list, c: str, strength: float) -> tuple:
-    "(whether claim `c` is transient with every margin scaled by `strength`, the longer runs' verdict there)."
+def _verdicts_at(records, later, names: list, c: str, strength: float) -> tuple:
+    "(claim `c` in `records`, in `later`) with every margin scaled by `strength`."
     with _judged_with(margins_at(strength)):
-        now, then = claim_set(records, names)[c], claim_set(later, names)[c]
-    return now['verdict'] in ('reproduced', 'partly') and then['verdict'] == NOT_REPRODUCED, then
+        return claim_set(records, names)[c], claim_set(later, names)[c]
 
 
-def _edge(records, later, names, c, inside: float, outside: float, steps: int = 12) -> float:
-    "The strength between `inside` (the tag fires) and `outside` (it does not) where the tag stops firing."
+def _pair_at(records, later, names: list, c: str, strength: float) -> tuple:
+    "(verdict here, verdict at the longer runs) of claim `c` with every margin scaled by `strength`."
+    return tuple(v['verdict'] for v in _verdicts_at(records, later, names, c, strength))
+
+
+def _edge(records, later, names, c, pair: tuple, inside: float, outside: float, steps: int = 12) -> float:
+    "The strength between `inside` (the verdicts are `pair`) and `outside` (they are not) where that stops."
     for _ in range(steps):
         mid = (inside + outside) / 2
-        inside, outside = (mid, outside) if _transient_at(records, later, names, c, mid)[0] else (inside, mid)
+        inside, outside = (mid, outside) if _pair_at(records, later, names, c, mid) == pair else (inside, mid)
     return inside
 
 
 def transient_tags(records, names: list, claims: dict, choice: dict, later: list) -> dict:
-    """{claim: tag}: *transient* for each of `claims` reproduced (or partly) in `records` but not in `later` (the
-    longer runs' last checkpoints); *fragile*, with the range of margins where it fires, when it stops inside ½ to 2×
-    the margin."""
+    """{claim: tag}: *transient* for each of `claims` whose verdict in `records` and in `later` (the longer runs' last
+    checkpoints) differ, either way; *fragile*, with the range of margins where the same two verdicts hold, when that
+    range ends inside ½ to 2× the margin."""
     tags = {}
     for c in claims if later else ():
-        fires, then = _transient_at(records, later, names, c, 1.0)
-        if not fires:
+        now, then = _verdicts_at(records, later, names, c, 1.0)
+        if (pair := (now['verdict'], then['verdict']))[0] == pair[1] or not set(pair) <= set(RANK):
             continue
         tag = f"transient: the same setting trained longer ({_where(choice['longer_runs']['records'], later)}) "
-        tag += f"does not reproduce it ({then['seeds_held']})"
-        lo, hi = (_edge(records, later, names, c, 1.0, f) if not _transient_at(records, later, names, c, f)[0] else f
+        if then['verdict'] == NOT_REPRODUCED:
+            tag += f"does not reproduce it ({then['seeds_held']})"
+        else:
+            tag += f"reads {then['verdict']} ({then['seeds_held']}), here {now['verdict']} ({now['seeds_held']})"
+        lo, hi = (f if _pair_at(records, later, names, c, f) == pair else _edge(records, later, names, c, pair, 1.0, f)
                   for f in (STRENGTHS[0], STRENGTHS[-1]))  # fmt: skip
         if (lo, hi) != (STRENGTHS[0], STRENGTHS[-1]):
             tag += f"; fragile: it fires only from {lo:.2f}× to {hi:.2f}× the margin"
