@@ -216,3 +216,20 @@ def test_tiny_rerun_stale_and_missing(tiny, smoke_data):
     gone = fourth.table[(fourth.table.lr == j.lr) & (fourth.table.variant == j.variant) & (fourth.table.seed == j.seed)]
     assert list(gone.step) == [4, 16, 32]
     assert set(CLOCKS) <= set(fourth.table.columns) and HORIZON_GRIDS['tiny'].publish is False
+
+
+@pytest.mark.corpus
+def test_an_edit_to_the_measuring_code_measures_again(tiny, monkeypatch):
+    "Issue 58.2: a record names the code that measured it; another code's record is never read as this code's."
+    import looped_lm.extensions.horizon as hz
+
+    out, res = tiny
+    j = res.plan.jobs[0]
+    first, prior = read_records(j.keep_dir / RECORDS), run_horizon('tiny', out_dir=out, progress=False).table
+    assert {r['code'] for r in first} == {hz.source_hash(hz.MEASURING_CODE)}  # every record names its code
+    monkeypatch.setattr(hz, 'source_hash', lambda modules: 'edited-code')  # as if a percentile's code were edited
+    again = run_horizon('tiny', out_dir=out, progress=False)
+    recs = read_records(j.keep_dir / RECORDS)
+    assert [r['code'] for r in recs] == ['edited-code'] * len(first)  # each kept step measured again, replaced
+    assert [r['step'] for r in recs] == [r['step'] for r in first]
+    pd.testing.assert_frame_equal(again.table, prior)  # same weights, same numbers (the edit changed nothing)

@@ -50,3 +50,23 @@ def test_every_committed_grid_folder_names_its_study(study):
 
     spec = {**DEPTH_GRIDS, **WORTH_GRIDS}[meta['grid']]
     assert meta['preset'] == spec.preset and arms <= {a[0] for a in spec.arms}
+
+
+def test_a_folder_of_two_measuring_codes_says_so_in_every_table(tmp_path):
+    "58.2: a record names its measuring code; a study folder whose records mix codes says so in its tables and rules."
+    import json
+    from looped_lm.extensions.worth import rebuild_worth
+
+    fig = tmp_path / 'depth-worth'
+    shutil.copytree(FIGURES / 'depth-worth', fig)
+    before = {p.name: p.read_bytes() for p in fig.glob('*.md')}
+    rebuild_worth(fig)
+    assert {p.name: p.read_bytes() for p in fig.glob('*.md')} == before  # one code (not recorded): nothing said
+    path = fig / 'records' / 'B1200-perloop-raw-seed2.jsonl'
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), code='ab12cd34')) + '\n')  # re-measured by other code
+    rebuild_worth(fig)
+    for name in ('rules.md', 'worth.md'):
+        head = (fig / name).read_text().splitlines()[0]
+        assert (
+            head == '**Arm B1200 mixes records**, read together: code: not recorded (17 records), ab12cd34 (1 records).'
+        )

@@ -6,6 +6,7 @@ cooldown that removes the constant-lr floor within each run, and a one-layer arm
 # %% ../../nbs/06d_depth.ipynb #5a7d519f
 from __future__ import annotations
 import hashlib, json, math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, pandas as pd
@@ -13,9 +14,9 @@ from ..core.config import ExperimentConfig, ConfigError, load_preset, named_choi
 from ..training.data import TokenData
 from ..training.text import SPLITS
 from ..training.train import resolve_device
-from ..core.files import write_atomic, machine_record, own_folder
+from ..core.files import write_atomic, machine_record, own_folder, source_hash
 from ..training.train import lr_at
-from ..measure.diagnostics import diagnose_trained, EVAL_TOKENS
+from ..measure.diagnostics import diagnose_trained, EVAL_TOKENS, MEASURING_CODE
 from ..measure.diagnostics import checkpoint_id, DIAG_VERSION
 from ..studies.variants import VARIANTS, GROUPS, Variant, check_seeds
 from ..studies.runner import check_device, check_workers, grid_dirs, job_data
@@ -28,8 +29,8 @@ __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'DEPTH_GRIDS', 'DEP
            'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'RULE_KINDS', 'ROW_COLUMNS', 'DEPTH', 'dose_variant',
            'khop_data', 'khop_corpus', 'DepthGrid', 'check_depth', 'depth_key', 'depth_row', 'arm_runs', 'rule_r1',
            'official_claims', 'spearman', 'rule_r3', 'missing_runs', 'not_measured', 'depth_rules', 'depth_table',
-           'read_depth_records', 'write_depth', 'rebuild_depth', 'plan_records', 'publish_depth', 'depth_data',
-           'depth_fields', 'run_depth']
+           'mixed_lines', 'read_depth_records', 'write_depth', 'rebuild_depth', 'plan_records', 'publish_depth',
+           'depth_data', 'depth_fields', 'run_depth']
 
 # %% ../../nbs/06d_depth.ipynb #a2e5e010
 def dose_variant(lam: float) -> Variant:
@@ -256,10 +257,11 @@ RECORDS = 'depth.jsonl'  # one record per measured step, in each run's kept fold
 
 
 def depth_key(ckpt_dir, cfg: ExperimentConfig, data, max_batches, eval_tokens: int = EVAL_TOKENS) -> dict:
-    "What a measurement of the kept checkpoint `ckpt_dir` is keyed by."
+    "What a measurement of the kept checkpoint `ckpt_dir` is keyed by: the measuring code's source among them."
     return dict(
         version=DEPTH_VERSION,
         diag_version=DIAG_VERSION,
+        code=source_hash(MEASURING_CODE),  # an edit to what measures re-measures (a published record names its code)
         checkpoint=checkpoint_id(ckpt_dir),
         config=hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:16],
         data=data.fingerprint,
@@ -667,6 +669,28 @@ def depth_table(records: list) -> pd.DataFrame:
     )
     return df.drop(columns='order').set_index(['arm', 'variant', 'seed', 'step'])
 
+# %% ../../nbs/06d_depth.ipynb #a5bfb320
+def _provenance(r: dict) -> dict:
+    "What made a record: its measuring code, its machine and its evaluation budget, in words."
+    m = r.get('machine') or {}
+    where = ' '.join(str(m[k]) for k in ('cpu', 'cpu_capability', 'gpu', 'device') if m.get(k)) or 'not recorded'
+    budget = f"{r.get('max_batches') or 'all'} windows of {r.get('eval_tokens', EVAL_TOKENS)} tokens"
+    return dict(code=r.get('code') or 'not recorded', machine=where, budget=budget)
+
+
+def mixed_lines(records: list) -> list:
+    "A line per arm whose records come from several measuring codes, machines or evaluation budgets (else none)."
+    out = []
+    for arm in dict.fromkeys(r['arm'] for r in records):
+        made = [_provenance(r) for r in records if r['arm'] == arm]
+        parts = []
+        for what in ('code', 'machine', 'budget'):
+            if len(n := Counter(m[what] for m in made)) > 1:
+                parts.append(f"{what}: " + ', '.join(f"{v} ({k} records)" for v, k in n.items()))
+        if parts:
+            out.append(f"**Arm {arm} mixes records**, read together: {'; '.join(parts)}.")
+    return out + ['', ''] if out else []  # joined: the lines, then a blank line before the table
+
 # %% ../../nbs/06d_depth.ipynb #a0bbe9ae
 def read_depth_records(folder) -> list:
     "Every record under `folder/records/` (one file per run), in a fixed order."
@@ -677,10 +701,10 @@ def read_depth_records(folder) -> list:
 def write_depth(folder, records: list, reference=None, horizon=None) -> dict:
     "`depth.md`, `rules.json`, `rules.md` and the claims of each arm and step, from `records` alone."
     folder, rules = Path(folder), depth_rules(records, reference, horizon)
-    t = depth_table(records)
-    write_atomic(folder / 'depth.md', to_markdown(t[[c for c in ROW_COLUMNS if c in t]]))
+    t, mixed = depth_table(records), '\n'.join(mixed_lines(records))  # '' for records of one code, machine, budget
+    write_atomic(folder / 'depth.md', mixed + to_markdown(t[[c for c in ROW_COLUMNS if c in t]]))
     write_atomic(folder / 'rules.json', json.dumps(rules, indent=1))
-    write_atomic(folder / 'rules.md', rules_markdown(rules))
+    write_atomic(folder / 'rules.md', mixed + rules_markdown(rules))
     for arm in rules['arms']:
         for step in rules['steps'].values():
             write_atomic(folder / f'claims-{arm}-step{step}.md', claims_markdown(official_claims(records, arm, step)))

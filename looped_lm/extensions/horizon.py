@@ -21,9 +21,9 @@ from ..core.config import ExperimentConfig, ConfigError, load_preset, named_choi
 from ..training.train import lr_at, resolve_device, train
 from ..studies.variants import GROUPS, check_variants, check_seeds
 from ..studies.runner import GridStudy, check_device, check_workers, grid_dirs, job_data, run_grid
-from ..core.files import write_atomic
+from ..core.files import write_atomic, source_hash
 from ..measure.halting import loop_scores, adaptive_halting
-from ..measure.diagnostics import norm_stats, clamp_modes, checkpoint_id, DIAG_VERSION
+from ..measure.diagnostics import norm_stats, clamp_modes, checkpoint_id, DIAG_VERSION, MEASURING_CODE
 from ..measure.radial import radial_fractions_as_trained
 from ..measure.protocol import as_spec
 from ..studies.tables import to_markdown
@@ -437,10 +437,11 @@ def _validation(data) -> np.ndarray:
 
 
 def horizon_key(ckpt_dir, cfg: ExperimentConfig, data, tokens: int, radial_tokens: int) -> dict:
-    "What a measurement of the kept checkpoint `ckpt_dir` is keyed by."
+    "What a measurement of the kept checkpoint `ckpt_dir` is keyed by: the measuring code's source among them."
     return dict(
         version=HORIZON_VERSION,
         diag_version=DIAG_VERSION,
+        code=source_hash(MEASURING_CODE),  # the diagnostics it calls; its own glue: HORIZON_VERSION
         checkpoint=checkpoint_id(ckpt_dir),
         config=hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:16],
         tokens=tokens,

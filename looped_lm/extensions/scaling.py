@@ -17,13 +17,14 @@ import time
 import numpy as np
 import dataclasses
 import pandas as pd
-from ..core.files import write_atomic
+from ..core.files import write_atomic, source_hash
 from ..training.rundir import load_run, RunDirError, read_json, latest_checkpoint, run_status
 from looped_lm.measure.diagnostics import (
     eval_exits,
     token_norms,
     norm_stats,
     DIAG_VERSION,
+    MEASURING_CODE,
     checkpoint_id,
     matches_key,
 )
@@ -300,6 +301,7 @@ def measure_key(run_dir, data, tokens: int, radial_tokens: int) -> dict | None:
     return dict(
         version=SCALING_VERSION,
         diag_version=DIAG_VERSION,
+        code=source_hash(MEASURING_CODE),  # the diagnostics it calls; its own glue: SCALING_VERSION
         checkpoint=checkpoint_id(ck),
         tokens=tokens,
         radial_tokens=radial_tokens,

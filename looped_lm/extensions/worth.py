@@ -15,7 +15,7 @@ import dataclasses
 from functools import partial
 from ..studies.runner import run_grid
 from .depth import DEPTH, DepthGrid, check_depth, depth_row, depth_table, publish_depth
-from .depth import read_depth_records, rule_r1
+from .depth import read_depth_records, rule_r1, mixed_lines
 from .depth import official_claims, ROW_COLUMNS, AT_RISK_V, PER_LOOP_CONTROLS
 from .depth import missing_runs, not_measured, RULE_KINDS
 
@@ -170,10 +170,10 @@ def worth_markdown(rules: dict) -> str:
 def write_worth(folder, records: list, seeds=(1, 2, 3)) -> dict:
     "`worth.md`, `rules.json`, `rules.md` and each budget's `claims-<arm>.md`, from `records` alone."
     folder, rules = Path(folder), worth_rules(records, seeds)
-    t = depth_table(records)
-    write_atomic(folder / 'worth.md', to_markdown(t[[c for c in ROW_COLUMNS if c in t]]))
+    t, mixed = depth_table(records), '\n'.join(mixed_lines(records))  # '' for records of one code, machine, budget
+    write_atomic(folder / 'worth.md', mixed + to_markdown(t[[c for c in ROW_COLUMNS if c in t]]))
     write_atomic(folder / 'rules.json', json.dumps(rules, indent=1))
-    write_atomic(folder / 'rules.md', worth_markdown(rules))
+    write_atomic(folder / 'rules.md', mixed + worth_markdown(rules))
     for arm, rs in rules['arms'].items():
         write_atomic(folder / f'claims-{arm}.md', claims_markdown(official_claims(records, arm, rs['step'])))
     return rules
