@@ -122,6 +122,14 @@ def test_a_key_the_state_does_not_hold_is_refused_before_measuring(model):
         run_loops(pair_without_key, ids[:16], K)
 
 
+def test_a_key_the_readout_does_not_read_is_named_as_the_cause(model):
+    "Issue 55.6: measuring z, which the readout ignores, was blamed on a readout that changes with k."
+    ids = torch.randint(0, V, (2, 9))
+    with pytest.raises(LoopSpecError, match='does not read the measured tensor.*name with state_key the one'):
+        check_spec(keyed(model, 'z'), ids)
+    assert check_spec(keyed(model, 'y'), ids)['readout_uses_k'] is False  # the key the readout reads passes
+
+
 def test_a_tuple_state_of_k_plus_one_tensors_is_not_taken_for_hugging_face_hidden_states():
     "Three same-shaped tensors at K=2 with the first measured: the states kept per loop are not a K+1 state list."
     torch.manual_seed(3)

@@ -669,7 +669,7 @@ def depth_table(records: list) -> pd.DataFrame:
     )
     return df.drop(columns='order').set_index(['arm', 'variant', 'seed', 'step'])
 
-# %% ../../nbs/06d_depth.ipynb #a5bfb320
+# %% ../../nbs/06d_depth.ipynb #e4429287
 def _provenance(r: dict) -> dict:
     "What made a record: its measuring code, its machine and its evaluation budget, in words."
     m = r.get('machine') or {}

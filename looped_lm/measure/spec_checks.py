@@ -158,6 +158,12 @@ def _check_readout(spec, hs, ctx, y, res):
     K = spec.K
     with torch.no_grad():
         ref = call_user(spec, 'readout', K, hs[-1], ctx, K)
+        if all(torch.equal(spec.readout(h + 1.0, ctx, k), spec.readout(h, ctx, k)) for k, h in enumerate(hs, 1)):
+            raise LoopSpecError(
+                f"{spec.name}: the readout gives the same logits when H_k changes, at every loop: it does not read "
+                "the measured tensor. For a state of several tensors, name with state_key the one the readout reads "
+                "(the others ride in the state); otherwise pass the readout the state it is given."
+            )
         res['readout_uses_k'] = any(
             not torch.equal(call_user(spec, 'readout', k, hs[-1], ctx, k), ref) for k in range(1, K)
         )
