@@ -87,3 +87,29 @@ def test_diagnose_keeps_the_report_and_names_what_it_skipped(spec):
     assert rep['norms'][0]['hill'] is None and rep['norms'][0]['tail'] == 'undefined'
     text = repr(rep)
     assert 'undefined' in text and 'inf' not in text.split('Skipped')[0]
+
+
+def test_a_model_that_computes_in_float32_inside_is_measured_in_float32_and_says_so():
+    "Issue 55.6: a step with a .float() inside cannot run in float64; it lost the radial and angular parts before."
+    import warnings
+
+    torch.manual_seed(0)
+    emb, f, norm, head = nn.Embedding(31, 8), nn.Linear(8, 8), nn.RMSNorm(8), nn.Linear(8, 31)
+    step = lambda h: h + torch.tanh(f(h.float()))  # noqa: E731  computes in float32 whatever it is given
+
+    def run(t, k):
+        h = emb(t)
+        for _ in range(k):
+            h = step(h)
+        return h
+
+    spec = LoopSpec(lambda t: (emb(t), None), lambda h, c, k: step(h), lambda h, c, k: head(norm(h)), 3, state='h',
+                    modules=(emb, f, norm, head), exits=lambda t, k: head(norm(run(t, k))))  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        rep = diagnose(spec, torch.randint(0, 31, (600,)), batch_size=2, seq_len=16, max_batches=2, lemma_loops=4)
+    assert 'radial' not in rep.get('skipped', {}) and 'angular' not in rep.get('skipped', {})
+    assert all(r['dtype'] == 'float32' and 'float64 impossible' in r['measured_in'] for r in rep['radial'])
+    assert all('float64 impossible' in r['measured_in'] for r in rep['angular'])
+    assert 'NOT float64' in repr(rep) and any('cast to the state' in str(w.message) for w in caught)
+    assert f.weight.dtype == torch.float32  # the weights as they were

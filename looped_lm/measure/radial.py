@@ -6,7 +6,7 @@ visibility lemma's exact prediction, and the angle one loop turns the state by, 
 # %% ../../nbs/03b_radial.ipynb #c79009c8
 from __future__ import annotations
 import math
-import itertools
+import itertools, warnings
 from contextlib import contextmanager
 import numpy as np, torch, torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -18,8 +18,8 @@ from .spec_checks import IGNORED_STATE, checked_spec, guarded_spec
 from ..training.train import norm_penalty as penalty
 
 # %% auto #0
-__all__ = ['float64_spec', 'radial_scale', 'radial_fractions', 'radial_fractions_as_trained', 'angular_updates', 'angle_scaling',
-           'unaligned_cos']
+__all__ = ['float64_spec', 'radial_scale', 'float64_or_own', 'radial_fractions', 'radial_fractions_as_trained', 'angular_updates',
+           'angle_scaling', 'unaligned_cos']
 
 # %% ../../nbs/03b_radial.ipynb #c5a860d8
 @contextmanager
@@ -50,6 +50,26 @@ def radial_scale(h: torch.Tensor, norm: str, eps: float) -> float:
     h = h.detach().double()
     m = h.var(-1, unbiased=False) if norm == 'layernorm' else h.pow(2).mean(-1)
     return (eps / m).mean().item()
+
+# %% ../../nbs/03b_radial.ipynb #acae54e37e7d407bbb7b55eff062a284
+def _dtype_clash(e: Exception) -> bool:
+    "Whether `e`, raised by a user's callable (`call_user`), is a tensor of one dtype meeting one of another."
+    cause = str(e.__cause__ or '')
+    return isinstance(e.__cause__, RuntimeError) and ('dtype' in cause or ('Double' in cause and 'Float' in cause))
+
+
+def float64_or_own(spec, measure) -> tuple:
+    """(`measure(spec)` in float64 (`float64_spec`), None); where the model computes in another dtype inside its
+    callables and cannot run in float64: (`measure(spec)` in the model's own dtype, why), with a warning."""
+    try:
+        with float64_spec(spec) as s:
+            return measure(s), None
+    except LoopSpecError as e:
+        if not _dtype_clash(e):
+            raise
+        why = f"its own dtype: float64 impossible (the model computes in another dtype inside: {e.__cause__})"
+    warnings.warn(f"{as_spec(spec).name}: measured in {why}; cast to the state's dtype inside the model for float64.")
+    return measure(as_spec(spec)), why
 
 # %% ../../nbs/03b_radial.ipynb #1d59442e
 def _norm_module(spec, k: int):
@@ -198,9 +218,10 @@ def radial_fractions(
         raise ValueError(f"loss must be 'perloop' or 'terminal', got {loss!r}.")
     spec = guarded_spec(model, tokens, seq_len, device, K)
     through_loops = checked_spec(spec, None).get('steps_carry_state') is not False  # else no objective through loops
-    K, acc, dtypes = spec.K, np.zeros((spec.K, 7)), set()
-    lem = [dict(scale=[], rho=[], ratio=[], t=[]) for _ in range(K)]
-    with torch.enable_grad(), float64_spec(spec):
+    K = spec.K
+
+    def measure(spec):  # every accumulator new: a float64 attempt that failed leaves nothing behind
+        acc, dtypes, lem = np.zeros((K, 7)), set(), [dict(scale=[], rho=[], ratio=[], t=[]) for _ in range(K)]
         for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
             hidden, ctx = run_loops(spec, x, K, grad=True)  # each H_k is the very tensor fed to step k+1
             if not dtypes:  # the first batch: the dtypes the readout really computes in, every operation counted
@@ -212,7 +233,11 @@ def radial_fractions(
             for k, (h, ce, o) in enumerate(zip(hidden, ces, outs)):
                 _radial_loop(spec, k, h, ce, o, g_obj[k], acc[k], lem[k], at)
             del hidden, ces, outs
-    return [_radial_row(k + 1, acc[k], lem[k], through_loops, dtypes) for k in range(K)]
+        return [_radial_row(k + 1, acc[k], lem[k], through_loops, dtypes) for k in range(K)]
+
+    with torch.enable_grad():
+        rows, why = float64_or_own(spec, measure)
+    return [dict(r, measured_in=why) if why else r for r in rows]
 
 # %% ../../nbs/03b_radial.ipynb #rad0trn1
 def radial_fractions_as_trained(model, tokens, cfg, device='cpu') -> list:
@@ -231,8 +256,9 @@ def _b_perp(prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 def angular_updates(model, tokens, batch_size=8, seq_len=64, max_batches=4, device='cpu', K: int = None) -> list:
     "Per transition k-1 -> k: mean angle, s_{k-1} = ||H_{k-1}||, angle*s, ||b_perp|| and their ratio (float64)."
     spec = guarded_spec(model, tokens, seq_len, device, K)
-    rows, undefined = {k: [] for k in range(2, spec.K + 1)}, dict.fromkeys(range(2, spec.K + 1), 0)
-    with float64_spec(spec):
+
+    def measure(spec):
+        rows, undefined = {k: [] for k in range(2, spec.K + 1)}, dict.fromkeys(range(2, spec.K + 1), 0)
         for x, y in token_windows(tokens, batch_size, seq_len, max_batches, device):
             hid = [h.double() for h in run_loops(spec, x, spec.K)[0]]
             at = measured_positions(hid[0], y)  # the positions with a scored target (all of a stream's)
@@ -242,7 +268,10 @@ def angular_updates(model, tokens, batch_size=8, seq_len=64, max_batches=4, devi
                 a, b = (a, b) if ok.all() else (a[ok], b[ok])
                 rows[k].append(torch.stack([angle_between(a, b), torch.linalg.vector_norm(a, dim=-1), _b_perp(a, b)]))
                 undefined[k] += int((~ok).sum())
-    return [_angular_row(k, torch.cat(r, 1), undefined[k]) for k, r in rows.items()]
+        return [_angular_row(k, torch.cat(r, 1), undefined[k]) for k, r in rows.items()]
+
+    rows, why = float64_or_own(spec, measure)
+    return [dict(r, measured_in=why) if why else r for r in rows]
 
 
 def _angular_row(k: int, r: torch.Tensor, undefined: int) -> dict:

@@ -153,16 +153,16 @@ def _check_rows(spec, hs, ctx, res, seq_len: int):
         )
 
 # %% ../../nbs/03_spec_checks.ipynb #8235fcef
-def _check_readout(spec, hs, ctx, y, res):
-    "The readout: its dependence on k, its gradient in the state, and the float64 CE of H_K scaled."
+def _check_readout(spec, hs, ctx, y, res, keyed: bool = False):
+    """The readout: its dependence on k, its gradient in the state, and the float64 CE of H_K scaled; `keyed`: the
+    state is one tensor of several (`state_key`), which the readout must read."""
     K = spec.K
     with torch.no_grad():
         ref = call_user(spec, 'readout', K, hs[-1], ctx, K)
-        if all(torch.equal(spec.readout(h + 1.0, ctx, k), spec.readout(h, ctx, k)) for k, h in enumerate(hs, 1)):
+        if keyed and all(torch.equal(spec.readout(h + 1.0, ctx, k), spec.readout(h, ctx, k)) for k, h in enumerate(hs, 1)):
             raise LoopSpecError(
                 f"{spec.name}: the readout gives the same logits when H_k changes, at every loop: it does not read "
-                "the measured tensor. For a state of several tensors, name with state_key the one the readout reads "
-                "(the others ride in the state); otherwise pass the readout the state it is given."
+                "the measured tensor; name with state_key the tensor of the state the readout reads."
             )
         res['readout_uses_k'] = any(
             not torch.equal(call_user(spec, 'readout', k, hs[-1], ctx, k), ref) for k in range(1, K)
@@ -283,7 +283,7 @@ def _check_exits(spec, x, hs, ctx, res):
 # %% ../../nbs/03_spec_checks.ipynb #47908a23
 def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
     "Run `spec` on `tokens` and raise `LoopSpecError` for the silent mistakes; return what was measured (see above)."
-    spec = as_spec(spec)
+    keyed, spec = isinstance(spec, LoopSpec) and spec.state_key is not None, as_spec(spec)
     x = token_tensor(tokens)
     if targets is None:
         if x.shape[1] < 2:
@@ -300,7 +300,7 @@ def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
     hs, ctx = run_loops(spec, x, K)
     _check_states(spec, x, hs, res)
     _check_rows(spec, hs, ctx, res, x.shape[1])
-    _check_readout(spec, hs, ctx, y, res)
+    _check_readout(spec, hs, ctx, y, res, keyed)
     _check_exits(spec, x, hs, ctx, res)
     res['scale_invariant'], res['answer'] = _scale_answer(res['scale'], scale_tol, res['turned_ce'])
     if readout_norm_at(spec, K) and res['scale_invariant'] is False:
