@@ -5,7 +5,7 @@ once per loop — steppable, or recorded from one forward pass."""
 
 # %% ../../nbs/03d_hooks.ipynb #hok00imp
 from __future__ import annotations
-import copy, dataclasses
+import copy, dataclasses, inspect
 from collections.abc import Mapping
 from typing import Callable
 import torch, torch.nn as nn
@@ -69,6 +69,17 @@ def _first_calls(model, mods, tokens, forward_kwargs, name):
             "pass embed=... or write a LoopSpec."
         )
     return got[0][0][0], [(args[1:], kwargs) for args, kwargs in got]
+
+# %% ../../nbs/03d_hooks.ipynb #324caa7f
+def no_cache(model, forward_kwargs):
+    "`forward_kwargs` with `use_cache=False` where the model's forward takes `use_cache` and they do not set it."
+    if callable(forward_kwargs) or 'use_cache' in (forward_kwargs or {}):
+        return forward_kwargs
+    try:
+        takes = 'use_cache' in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward without a signature: nothing to read
+        takes = False
+    return dict(forward_kwargs or {}, use_cache=False) if takes else forward_kwargs
 
 # %% ../../nbs/03d_hooks.ipynb #9bdbbdeb
 def _check_count(n, K, name, what):
@@ -246,7 +257,7 @@ def from_hooks(
     """A `LoopSpec` for `model` from its per-loop submodule(s) `loop_module` (first argument: the state, output: next),
     its readout checked against the model's own output at the last loop (`output=`: where the logits are; `exits=`:
     the model's exits, as `LoopSpec`'s; `output=False`: unchecked)."""
-    fk, name = forward_kwargs, name or type(model).__name__  # `fresh_kwargs(fk)` for every call
+    fk, name = no_cache(model, forward_kwargs), name or type(model).__name__  # `fresh_kwargs(fk)` for every call
     mods = _loop_modules(loop_module, states, embed, name)
     trace = _hooked_trace(model, mods, K, fk, states, select, name)
     if exits is None and output is not False:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import torch, torch.nn.functional as F
 from .protocol import IGNORE_INDEX, KeyedContext, LoopSpec, LoopSpecError, PaddedTokens, as_spec
-from .protocol import call_user, measured_positions, readout_norm_at, run_loops, slice_context
+from .protocol import call_user, measured_positions, readout_norm_at, run_loops, slice_context, _leaves
 from .protocol import spec_memo, token_tensor, token_windows
 
 # %% auto #0
@@ -133,7 +133,15 @@ def _check_states(spec, x, hs, res):
         )
 
 # %% ../../nbs/03_spec_checks.ipynb #75fed861
-def _check_rows(spec, hs, ctx, res, seq_len: int):
+def _overwritten(spec, ctx, tokens) -> bool:
+    "Whether a tensor of the context `run_loops` left differs from the one `init` makes: a step overwrote it."
+    if tokens is None:
+        return False
+    fresh, now = _leaves(call_user(spec, 'init', 0, tokens)[1]), _leaves(ctx)
+    return len(fresh) != len(now) or any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(fresh, now))
+
+
+def _check_rows(spec, hs, ctx, res, seq_len: int, tokens=None):
     "One sequence's readout (and step) with its sliced context must equal its row of the whole batch's."
     if hs[0].shape[0] < 2:
         return
@@ -145,6 +153,13 @@ def _check_rows(spec, hs, ctx, res, seq_len: int):
         if res['steps_carry_state'] and K > 1:
             d = max(d, _rel_diff(call_user(spec, 'step', K, hs[-2][rows], part, K), hs[-1][rows]))
     res['slice_rel_diff'] = d
+    if d > 1e-4 and _overwritten(spec, ctx, tokens):
+        raise LoopSpecError(
+            f"{spec.name}: one sequence run with its part of the context differs from its row of the whole batch "
+            f"(relative difference {d:.2g}), and the context the loops leave is not the one init made: a step "
+            "overwrites a context entry at every pass, so each loop reads what the last one wrote. Carry what "
+            "changes from loop to loop in the state (several tensors: LoopSpec(state_key=...)), not in the context."
+        )
     if d > 1e-4:
         raise LoopSpecError(
             f"{spec.name}: one sequence run with its part of the context differs from its row of the whole batch "
@@ -159,7 +174,9 @@ def _check_readout(spec, hs, ctx, y, res, keyed: bool = False):
     K = spec.K
     with torch.no_grad():
         ref = call_user(spec, 'readout', K, hs[-1], ctx, K)
-        if keyed and all(torch.equal(spec.readout(h + 1.0, ctx, k), spec.readout(h, ctx, k)) for k, h in enumerate(hs, 1)):
+        if keyed and all(
+            torch.equal(spec.readout(h + 1.0, ctx, k), spec.readout(h, ctx, k)) for k, h in enumerate(hs, 1)
+        ):
             raise LoopSpecError(
                 f"{spec.name}: the readout gives the same logits when H_k changes, at every loop: it does not read "
                 "the measured tensor; name with state_key the tensor of the state the readout reads."
@@ -299,7 +316,7 @@ def check_spec(spec, tokens, targets=None, scale_tol: float = 1e-3) -> dict:
     K, res = spec.K, dict(name=spec.name, state=spec.state, K=spec.K)
     hs, ctx = run_loops(spec, x, K)
     _check_states(spec, x, hs, res)
-    _check_rows(spec, hs, ctx, res, x.shape[1])
+    _check_rows(spec, hs, ctx, res, x.shape[1], x)
     _check_readout(spec, hs, ctx, y, res, keyed)
     _check_exits(spec, x, hs, ctx, res)
     res['scale_invariant'], res['answer'] = _scale_answer(res['scale'], scale_tol, res['turned_ce'])
