@@ -15,7 +15,8 @@ from .model.looped import LoopedLM, LoopedLMConfig  # noqa: E402
 from .training.data import prepare_data  # noqa: E402
 from .training.train import train  # noqa: E402
 from .training.rundir import load_run  # noqa: E402
-from .measure.protocol import LoopSpec, LoopSpecError, PaddedTokens  # noqa: E402
+from .measure.protocol import LoopSpec, LoopSpecError, PaddedTokens, run_loops  # noqa: E402
+from .measure.spec_checks import check_spec  # noqa: E402
 from .measure.hooks import from_hooks  # noqa: E402
 from .measure.diagnostics import DiagnosticReport, diagnose, diagnose_run  # noqa: E402
 from .studies.ablation import run_ablation  # noqa: E402
@@ -58,6 +59,8 @@ __all__ = [
     'train',
     'load_run',
     'LoopSpec',
+    'run_loops',
+    'check_spec',
     'LoopSpecError',
     'PaddedTokens',
     'from_hooks',

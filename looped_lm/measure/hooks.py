@@ -70,7 +70,7 @@ def _first_calls(model, mods, tokens, forward_kwargs, name):
         )
     return got[0][0][0], [(args[1:], kwargs) for args, kwargs in got]
 
-# %% ../../nbs/03d_hooks.ipynb #324caa7f
+# %% ../../nbs/03d_hooks.ipynb #2aef5f7c
 def no_cache(model, forward_kwargs):
     "`forward_kwargs` with `use_cache=False` where the model's forward takes `use_cache` and they do not set it."
     if callable(forward_kwargs) or 'use_cache' in (forward_kwargs or {}):

@@ -16,9 +16,9 @@ import dataclasses
 
 # %% auto #0
 __all__ = ['CLAMPS', 'IGNORE_INDEX', 'LoopSpecError', 'LoopSpec', 'model_device', 'from_looped_lm', 'KeyedContext', 'as_spec',
-           'clamp_state', 'token_tensor', 'spec_memo', 'clamp_refusal', 'call_user', 'run_loops', 'context_layout',
-           'slice_context', 'PaddedTokens', 'token_windows', 'readout_norm_at', 'readout_pieces', 'token_ce',
-           'n_scored', 'measured_positions']
+           'clamp_state', 'token_tensor', 'spec_memo', 'clamp_refusal', 'call_user', 'run_loops', 'context_tensors',
+           'context_layout', 'slice_context', 'PaddedTokens', 'token_windows', 'readout_norm_at', 'readout_pieces',
+           'token_ce', 'n_scored', 'measured_positions']
 
 # %% ../../nbs/03_protocol.ipynb #9a4b592c
 class LoopSpecError(ValueError):
@@ -317,14 +317,14 @@ def run_loops(spec, tokens, k: int, clamp: str = 'none', grad: bool = False) -> 
     return hidden, ctx
 
 # %% ../../nbs/03_protocol.ipynb #580e1a93
-def _leaves(ctx) -> list:
+def context_tensors(ctx) -> list:
     "The tensors of a context (nested tuples, lists and dicts), in the order `slice_context` visits them."
     if isinstance(ctx, torch.Tensor):
         return [ctx]
     if isinstance(ctx, dict):
-        return [t for v in ctx.values() for t in _leaves(v)]
+        return [t for v in ctx.values() for t in context_tensors(v)]
     if isinstance(ctx, (list, tuple)):
-        return [t for v in ctx for t in _leaves(v)]
+        return [t for v in ctx for t in context_tensors(v)]
     return []
 
 
@@ -336,16 +336,16 @@ def _probe_contexts(spec, seq_len: int, device, n_leaves: int = None) -> tuple:
         for b in (2, 1):
             h, ctx = call_user(spec, 'init', 0, torch.zeros(b, seq_len, dtype=torch.long, device=device))
             for k in range(1, 4 * spec.K + 1):
-                if n_leaves is None or len(_leaves(ctx)) >= n_leaves:
+                if n_leaves is None or len(context_tensors(ctx)) >= n_leaves:
                     break
                 h = call_user(spec, 'step', k, h, ctx, k)
-            runs.append(_leaves(ctx))
+            runs.append(context_tensors(ctx))
     return tuple(runs)
 
 # %% ../../nbs/03_protocol.ipynb #580ea400
 def context_layout(spec, seq_len: int, device='cpu', n_leaves: int = None) -> list:
-    """Per context tensor (in `_leaves` order): True if it has one row per sequence, else shared; probed once per spec
-    (and per number of tensors, for a context the loop grows) on contexts of `seq_len` tokens."""
+    """Per context tensor (in `context_tensors` order): True if it has one row per sequence, else shared; probed once
+    per spec (and per number of tensors, for a context the loop grows) on contexts of `seq_len` tokens."""
     spec, memo = as_spec(spec), spec_memo(as_spec(spec))
     layouts = memo.setdefault('layouts', {})
     if n_leaves not in layouts:
@@ -376,7 +376,7 @@ def slice_context(spec, ctx, rows, like: torch.Tensor, seq_len: int = None):
     spec = as_spec(spec)
     if spec.slice_ctx is not None:
         return spec.slice_ctx(ctx, rows)
-    n, seq_len = len(_leaves(ctx)), seq_len or like.shape[1]  # the probe builds contexts of the tokens' length
+    n, seq_len = len(context_tensors(ctx)), seq_len or like.shape[1]  # the probe builds contexts of the tokens' length
     layout = context_layout(spec, seq_len, like.device, None)
     if n != len(layout):  # a context the loop grows: probed through the steps that give it n tensors
         layout = context_layout(spec, seq_len, like.device, n)

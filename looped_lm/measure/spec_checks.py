@@ -8,7 +8,14 @@ from __future__ import annotations
 import dataclasses
 import torch, torch.nn.functional as F
 from .protocol import IGNORE_INDEX, KeyedContext, LoopSpec, LoopSpecError, PaddedTokens, as_spec
-from .protocol import call_user, measured_positions, readout_norm_at, run_loops, slice_context, _leaves
+from looped_lm.measure.protocol import (
+    call_user,
+    measured_positions,
+    readout_norm_at,
+    run_loops,
+    slice_context,
+    context_tensors,
+)
 from .protocol import spec_memo, token_tensor, token_windows
 
 # %% auto #0
@@ -137,7 +144,7 @@ def _overwritten(spec, ctx, tokens) -> bool:
     "Whether a tensor of the context `run_loops` left differs from the one `init` makes: a step overwrote it."
     if tokens is None:
         return False
-    fresh, now = _leaves(call_user(spec, 'init', 0, tokens)[1]), _leaves(ctx)
+    fresh, now = context_tensors(call_user(spec, 'init', 0, tokens)[1]), context_tensors(ctx)
     return len(fresh) != len(now) or any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(fresh, now))
 
 
