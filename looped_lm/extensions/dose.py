@@ -10,9 +10,11 @@ import numpy as np
 import torch
 from ..measure.protocol import LoopSpecError, as_spec, run_loops, token_windows, token_ce, n_scored
 from ..measure.spec_checks import guarded_spec, checked_spec
+from .worth import WORTH_GRIDS
 
 # %% auto #0
-__all__ = ['DOSES', 'dosed', 'dose_response', 'dose_star']
+__all__ = ['DOSES', 'BASE_LR', 'DOSE_CANDIDATES', 'PILOT_VARIANTS', 'PILOT_GRIDS', 'PILOT_FLOOR', 'R6_BAND', 'R6_WORDS', 'dosed',
+           'dose_response', 'dose_star', 'choose_regime', 'gain_at', 'predicted_gains', 'rule_r6']
 
 # %% ../../nbs/06f_dose.ipynb #dos00007
 def _times(state, c: float, key):
@@ -88,3 +90,71 @@ def dose_star(rows: list, weakest_gain: float, ratio: float = 3.0) -> float | No
         if g1 <= target:
             return float(math.exp(math.log(c0) + (g0 - target) / (g0 - g1) * (math.log(c1) - math.log(c0))))
     return None
+
+# %% ../../nbs/06f_dose.ipynb #5b274bc2
+BASE_LR = 0.006  # cpu-cosine's learning rate (checked against the preset below)
+DOSE_CANDIDATES = {  # issue 53's candidates: what each changes of the worth grid's recipe at 1,200 steps
+    'lr2': dict(lr=2 * BASE_LR),
+    'lr4': dict(lr=4 * BASE_LR),
+    'K8': dict(K=8),
+    'd256': dict(d_model=256),
+    'lr2-K8': dict(lr=2 * BASE_LR, K=8),
+    'lr4-K8': dict(lr=4 * BASE_LR, K=8),
+}
+PILOT_VARIANTS = ('one-pass', 'terminal-penalty', 'perloop-rmsnorm', 'perloop-raw')  # what R1 and the ratio read
+PILOT_GRIDS = {
+    f'dose-pilot-{name}': dataclasses.replace(
+        WORTH_GRIDS['worth'], arms=(('B1200', 2, 1200),), seeds=(0,), overrides=o, variants=PILOT_VARIANTS
+    )
+    for name, o in DOSE_CANDIDATES.items()
+}
+
+# %% ../../nbs/06f_dose.ipynb #31cef814
+PILOT_FLOOR = 150.0  # the drift ratio the chosen regime must reach on seed 0 (issue 53)
+
+
+def choose_regime(pilots: list, floor: float = PILOT_FLOOR, worth: float = 0.02) -> dict | None:
+    """The pilot chosen by the cause (each a dict with `name`, `ratio`, `D`, `raw_gain`, `cost`): the cheapest whose
+    ratio reaches `floor` where D and the raw gain reach `worth`; else the largest ratio among those (`reached_floor`
+    False); None when R1's conditions hold on no pilot."""
+    testable = [p for p in pilots if p['D'] >= worth and p['raw_gain'] >= worth]
+    if not testable:
+        return None
+    if above := [p for p in testable if p['ratio'] >= floor]:
+        return dict(min(above, key=lambda p: p['cost']), reached_floor=True)
+    return dict(max(testable, key=lambda p: p['ratio']), reached_floor=False)
+
+# %% ../../nbs/06f_dose.ipynb #5f43444b
+def gain_at(rows: list, c: float) -> float | None:
+    "A dose curve's `gain_K` at dose `c`, log-linear in c between its grid points; None outside the grid."
+    pts = sorted((r['c'], r['gain_K']) for r in rows)
+    for (c0, g0), (c1, g1) in zip(pts, pts[1:]):
+        if c0 <= c <= c1:
+            return float(g0 + (g1 - g0) * (math.log(c) - math.log(c0)) / (math.log(c1) - math.log(c0)))
+    return None
+
+
+def predicted_gains(curves: list, ratio: float, b1200_ratios: dict) -> dict:
+    """{seed: predicted at-risk gain, 'mean': their mean (None if any is None)} at c = `ratio` / each seed's B1200
+    ratio, from the dose curves (`curves.json`'s `curves`, each with `seed` and `rows`)."""
+    out = {c['seed']: gain_at(c['rows'], ratio / b1200_ratios[c['seed']]) for c in curves}
+    out['mean'] = None if None in out.values() else float(np.mean(list(out.values())))
+    return out
+
+# %% ../../nbs/06f_dose.ipynb #3f5ffdfd
+R6_BAND = 2.0  # the factor either way within which the trained gain matches the prediction
+R6_WORDS = dict(
+    within='as predicted: the trained at-risk gain is within {band:g}x of the dose prediction',
+    below='stronger than predicted: the trained at-risk gain is below 1/{band:g} of the dose prediction',
+    above='the model adapts: the trained at-risk gain is above {band:g}x the dose prediction',
+)
+
+
+def rule_r6(trained: float | None, predicted: float | None, band: float = R6_BAND) -> dict:
+    "R6's branch and words for a trained at-risk gain against its dose prediction (a gain <= 0 is below any)."
+    if trained is None or predicted is None or predicted <= 0:
+        return dict(verdict='not measured', trained=trained, predicted=predicted)
+    branch = (
+        'within' if predicted / band <= trained <= predicted * band else 'below' if trained < predicted else 'above'
+    )
+    return dict(verdict=branch, words=R6_WORDS[branch].format(band=band), trained=trained, predicted=predicted)
