@@ -70,3 +70,19 @@ def test_a_folder_of_two_measuring_codes_says_so_in_every_table(tmp_path):
         assert (
             head == '**Arm B1200 mixes records**, read together: code: not recorded (17 records), ab12cd34 (1 records).'
         )
+
+
+@pytest.mark.corpus
+def test_publishing_in_a_fresh_clone_without_run_folders_changes_nothing(tmp_path):
+    "58, done when: the documented --publish-only, run where no run folder exists, keeps every committed byte."
+    import os, subprocess, sys
+
+    shutil.copytree(FIGURES / 'depth-worth', tmp_path / 'figures' / 'depth-worth')
+    (tmp_path / 'settings.ini').write_bytes((FIGURES.parent / 'settings.ini').read_bytes())
+    before = {p: p.read_bytes() for p in (tmp_path / 'figures').rglob('*') if p.is_file()}
+    script = FIGURES.parent / 'scripts' / 'depth_worth_gpu.py'
+    cmd = [sys.executable, str(script), '--grid', 'worth', '--device', 'auto', '--publish-only']
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=os.environ)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert 'published 0 of 36' in out.stdout and 'kept as published' in out.stdout, out.stdout[-2000:]
+    assert {p: p.read_bytes() for p in (tmp_path / 'figures').rglob('*') if p.is_file()} == before
