@@ -238,6 +238,15 @@ def test_a_chapter_never_names_itself_as_another_chapter(nb):
 
 
 @pytest.mark.parametrize('nb,module', [(nb, m) for nb, m in CHAPTERS if m])
+def test_a_chapter_never_names_its_own_module_as_another(nb, module):
+    "Nor its own module path (`looped_lm.<its module>`): what the chapter defines is named, not its file's address."
+    cells = json.loads((NBS / f'{nb}.ipynb').read_text())['cells']
+    path = re.compile(rf'looped_lm\.{re.escape(module)}(?![\w.])')
+    said = [c['id'] for c in cells if c['cell_type'] == 'markdown' and path.search(''.join(c['source']))]
+    assert not said, f"{nb} names its own module looped_lm.{module} in its prose (cells {said}): say 'here', 'below'"
+
+
+@pytest.mark.parametrize('nb,module', [(nb, m) for nb, m in CHAPTERS if m])
 def test_a_chapter_never_borrows_its_own_names_from_the_package(nb, module):
     """A chapter defines before it uses: no check cell takes a name from the module the chapter itself exports
     (`from looped_lm.<its module> import ...`, the seam of a chapter using its code 'defined below'). Importing the
