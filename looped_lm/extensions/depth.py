@@ -225,10 +225,18 @@ def _measured_steps(spec: DepthGrid, steps: int) -> tuple:
 
 
 def check_depth(
-    grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto', workers: int = None, grids=None, arms=None
+    grid='tiny',
+    out_dir=None,
+    fig_dir=None,
+    device: str = 'auto',
+    workers: int = None,
+    grids=None,
+    arms=None,
+    unpublished: bool = False,
 ) -> DepthPlan:
     """Every run of the grid (arm x variant x seed) with its config, and every path, checked before any folder exists;
-    `grids`: the table `grid` names (default `DEPTH_GRIDS`); `arms`: only these arms (default: every one)."""
+    `grids`: the table `grid` names (default `DEPTH_GRIDS`); `arms`: only these arms (default: every one);
+    `unpublished`: only the runs with a measured step not yet in `fig_dir` (a study finished across sessions)."""
     name, spec = named_choice(grid, DEPTH_GRIDS if grids is None else grids, DepthGrid, 'grid')
     all_arms = _check_arms(spec.arms, spec.steps)
     chosen = [a for a in all_arms if arms is None or a[0] in arms]
@@ -249,7 +257,10 @@ def check_depth(
                 run, cfg = f"{arm}-{v}-seed{s}", DEPTH_VARIANTS[v].config(arm_base).replace(seed=s)
                 keep = out / 'kept' / run
                 jobs.append(DepthJob(arm, v, s, cfg, out / 'runs' / run, keep, _measured_steps(spec, steps)))
-    return DepthPlan(name, spec, base, jobs, out, fig, dev, check_workers(workers, len(jobs), dev))
+    if unpublished:  # what the study folder holds is kept as published, never trained again
+        published = lambda j: {r['step'] for r in read_records(fig / 'records' / f'{j.run_dir.name}.jsonl')}  # noqa: E731
+        jobs = [j for j in jobs if not set(j.steps) <= published(j)]
+    return DepthPlan(name, spec, base, jobs, out, fig, dev, check_workers(workers, max(len(jobs), 1), dev))
 
 # %% ../../nbs/06d_depth.ipynb #5cb8ea06
 DEPTH_VERSION = 1  # bump whenever the measurement changes: every record of another version is measured again
