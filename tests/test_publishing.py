@@ -86,3 +86,21 @@ def test_publishing_in_a_fresh_clone_without_run_folders_changes_nothing(tmp_pat
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert 'published 0 of 36' in out.stdout and 'kept as published' in out.stdout, out.stdout[-2000:]
     assert {p: p.read_bytes() for p in (tmp_path / 'figures').rglob('*') if p.is_file()} == before
+
+
+def test_two_evaluation_budgets_in_one_folder_are_said_in_its_tables(tmp_path):
+    "58.4: a record measured on 2 windows published beside whole-split ones: the table and rules say so."
+    import json
+    from looped_lm.extensions.worth import rebuild_worth
+
+    fig = tmp_path / 'depth-worth'
+    shutil.copytree(FIGURES / 'depth-worth', fig)
+    path = fig / 'records' / 'B1200-perloop-penalty-seed3.jsonl'
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), max_batches=2)) + '\n')  # another study's budget
+    rebuild_worth(fig)
+    for name in ('rules.md', 'worth.md'):
+        head = (fig / name).read_text().splitlines()[0]
+        assert (
+            head.startswith('**Arm B1200 mixes records**')
+            and 'budget: all windows of 8192 tokens (17 records), 2 windows of 8192 tokens (1 records)' in head
+        ), head
