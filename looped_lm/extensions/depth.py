@@ -258,8 +258,8 @@ def check_depth(
                 keep = out / 'kept' / run
                 jobs.append(DepthJob(arm, v, s, cfg, out / 'runs' / run, keep, _measured_steps(spec, steps)))
     if unpublished:  # what the study folder holds is kept as published, never trained again
-        published = lambda j: {r['step'] for r in read_records(fig / 'records' / f'{j.run_dir.name}.jsonl')}  # noqa: E731
-        jobs = [j for j in jobs if not set(j.steps) <= published(j)]
+        published = lambda j: read_records(fig / 'records' / f'{j.run_dir.name}.jsonl')  # noqa: E731
+        jobs = [j for j in jobs if not set(j.steps) <= {r['step'] for r in published(j)}]
     return DepthPlan(name, spec, base, jobs, out, fig, dev, check_workers(workers, max(len(jobs), 1), dev))
 
 # %% ../../nbs/06d_depth.ipynb #5cb8ea06
