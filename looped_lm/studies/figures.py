@@ -5,7 +5,7 @@ subset of variants and seeds."""
 
 # %% ../../nbs/04e_figures.ipynb #79d9656f
 from __future__ import annotations
-import io, math, os, re
+import contextlib, io, math, os, re
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -19,6 +19,7 @@ from ..model.looped import LoopedLMConfig, forward_flops_per_token
 from .variants import VARIANTS, check_variants, check_seeds
 from .tables import endpoint, read_throughput
 from .ablation import Ablation, collect
+from .runner import study_lock
 from ..core.config import ConfigError
 import matplotlib
 from .tables import endpoint_correlations
@@ -612,7 +613,15 @@ def draw_figures(res: Results, fig_dir, show: bool = False, verbose: bool = True
 def make_figures(study, fig_dir=None, variants=None, seeds=None, show: bool = False, verbose: bool = True) -> FigureSet:
     """Draw every figure that a study's results allow into `fig_dir`; say what was skipped and why. `study`: the
     `Ablation` that `run_ablation` returned (drawn from its records, nothing read again; `fig_dir` default: its own), or
-    a results folder, read back (`variants`, `seeds`: only these; `fig_dir` default: `out_dir/figures`)."""
+    a results folder, read back (`variants`, `seeds`: only these; `fig_dir` default: `out_dir/figures`). Drawn under the
+    study's lock, so no other process writes the study while its figures are drawn."""
+    folder = Path(study.study.out_dir if isinstance(study, Ablation) else study)
+    with study_lock(folder) if folder.is_dir() else contextlib.nullcontext():  # no folder: the reader says so
+        return _make_figures(study, fig_dir, variants, seeds, show, verbose)
+
+
+def _make_figures(study, fig_dir, variants, seeds, show: bool, verbose: bool) -> FigureSet:
+    "`make_figures` under the study's lock."
     if isinstance(study, Ablation):
         if variants is not None or seeds is not None:
             raise ConfigError("an Ablation is drawn whole: to draw some variants or seeds, pass its results folder.")

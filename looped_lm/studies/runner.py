@@ -33,10 +33,10 @@ from ..training.rundir import run_status, RunDirError, latest_checkpoint
 
 # %% auto #0
 __all__ = ['STUDY_LOCK_WAIT', 'GPU_BENCH', 'EXECUTORS', 'repo_root', 'repo_relative', 'check_folder', 'default_workers',
-           'check_device', 'check_workers', 'grid_dirs', 'WorkerError', 'check_spawn_guard', 'job_data',
-           'check_lock_wait', 'study_lock', 'work_when_free', 'run_jobs', 'plan_data', 'GridStudy', 'finish_grid',
-           'import_work', 'check_options', 'run_grid', 'load_bench', 'data_key', 'cache_files', 'prepare_once',
-           'DataNotReady', 'check_executor', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
+           'check_device', 'check_workers', 'grid_dirs', 'WorkerError', 'spawn_refusal', 'check_spawn_guard',
+           'job_data', 'check_lock_wait', 'study_lock', 'work_when_free', 'run_jobs', 'plan_data', 'GridStudy',
+           'finish_grid', 'import_work', 'check_options', 'run_grid', 'load_bench', 'data_key', 'cache_files',
+           'prepare_once', 'DataNotReady', 'check_executor', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
 
 # %% ../../nbs/04a_runner.ipynb #ae478dee
 def repo_root() -> Path:
@@ -67,11 +67,13 @@ def check_folder(p: Path, what: str):
 
 
 def default_workers(n_runs: int, device: str) -> int:
-    "One worker per visible GPU; on CPU one per two cores (each with half the threads); never more than the runs."
+    """One worker per visible GPU; on CPU one per thread torch may use (`torch.get_num_threads()`, which
+    `OMP_NUM_THREADS` sets; at most one per core), the threads shared among them; never more than the runs."""
     if device.startswith('cuda'):
         n = torch.cuda.device_count()
     else:
-        n = len(os.sched_getaffinity(0)) // 2 if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1) // 2
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
+        n = min(torch.get_num_threads(), cores)
     return max(1, min(n, n_runs))
 
 
@@ -84,9 +86,11 @@ def check_device(device: str) -> str:
 # %% ../../nbs/04a_runner.ipynb #a5e1a393
 def check_workers(workers, n_runs: int, device: str) -> int:
     """Worker processes for `n_runs` runs: a positive integer (papermill's `-p workers 2` gives the string '2'), or
-    None for `default_workers`; never more than the runs."""
+    None for `default_workers` (one, in this process, from a script that could not spawn: `spawn_refusal`); never
+    more than the runs."""
     if workers is None:
-        return default_workers(n_runs, device)
+        n = default_workers(n_runs, device)
+        return 1 if n > 1 and spawn_refusal(n) else n
     if isinstance(workers, str) and workers.strip().isdigit():
         workers = int(workers)
     if isinstance(workers, bool) or not isinstance(workers, numbers.Integral) or workers < 1:
@@ -128,8 +132,8 @@ def under_main_guard(source: str, line: int) -> bool:
     return any(_is_main_test(n) and n.lineno <= line <= n.end_lineno for n in nodes)
 
 # %% ../../nbs/04a_runner.ipynb #f66d2782
-def check_spawn_guard(workers: int):
-    "Refuse `workers > 1` from the top level of a script without a `__main__` guard: each spawned worker re-runs it."
+def spawn_refusal(workers: int) -> str | None:
+    "Why `workers` spawned processes cannot start from here (a script without a `__main__` guard), or None."
     main = sys.modules.get('__main__')
     if workers < 2 or getattr(mp.current_process(), '_inheriting', False):
         msg = "a spawned worker is importing the script that started the study" if workers > 1 else None
@@ -145,7 +149,12 @@ def check_spawn_guard(workers: int):
             )
         except (OSError, SyntaxError, ValueError):
             msg = None  # no readable script: nothing a worker would re-run
-    if msg:
+    return msg
+
+
+def check_spawn_guard(workers: int):
+    "Refuse `workers > 1` from the top level of a script without a `__main__` guard: each spawned worker re-runs it."
+    if msg := spawn_refusal(workers):
         raise ConfigError(
             f"workers={workers} start processes with 'spawn', which re-runs the calling script in each of them, and "
             f"{msg}: every worker would start the study again. Put the call under `if __name__ == '__main__':` "
