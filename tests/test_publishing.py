@@ -32,11 +32,31 @@ def test_a_committed_grid_folder_belongs_to_its_study(tmp_path):
 
     fig = tmp_path / 'depth-worth'
     shutil.copytree(FIGURES / 'depth-worth', fig)
-    assert json.loads((fig / 'study.json').read_text()) == dict(kind='depth', grid='worth', preset='cpu-cosine')
+    options = dict(max_batches=None, eval_tokens=8192)
+    assert json.loads((fig / 'study.json').read_text()) == dict(
+        kind='depth', grid='worth', preset='cpu-cosine', options=options
+    )
     before = {p: p.read_bytes() for p in fig.rglob('*') if p.is_file()}
     plan = WORTH.check('worth-tiny', tmp_path / 'out', fig, 'cpu', 1)
     with pytest.raises(StudyFolderError, match="grid 'worth' there, 'worth-tiny' here"):
         publish_worth(plan, WORTH.data(plan))
+    assert {p: p.read_bytes() for p in fig.rglob('*') if p.is_file()} == before
+
+
+def test_another_evaluation_budget_is_refused_before_any_work(tmp_path, monkeypatch):
+    "58, study.json's options: the worth grid published with 2 evaluation windows into its folder is refused first."
+    import dataclasses
+    import looped_lm.extensions.depth as depth
+    from looped_lm.extensions.worth import WORTH, publish_worth
+
+    fig = tmp_path / 'depth-worth'
+    shutil.copytree(FIGURES / 'depth-worth', fig)
+    before = {p: p.read_bytes() for p in fig.rglob('*') if p.is_file()}
+    plan = WORTH.check('worth', tmp_path / 'out', fig, 'cpu', 1)
+    plan = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, max_batches=2))
+    monkeypatch.setattr(depth, 'plan_records', lambda *a: pytest.fail('measured before the folder was checked'))
+    with pytest.raises(StudyFolderError, match="options .*'max_batches': None.* there, .*'max_batches': 2"):
+        publish_worth(plan, None)
     assert {p: p.read_bytes() for p in fig.rglob('*') if p.is_file()} == before
 
 
@@ -50,6 +70,7 @@ def test_every_committed_grid_folder_names_its_study(study):
 
     spec = {**DEPTH_GRIDS, **WORTH_GRIDS}[meta['grid']]
     assert meta['preset'] == spec.preset and arms <= {a[0] for a in spec.arms}
+    assert meta['options'] == dict(max_batches=spec.max_batches, eval_tokens=spec.eval_tokens)  # its evaluation
 
 
 def test_a_folder_of_two_measuring_codes_says_so_in_every_table(tmp_path):
@@ -104,3 +125,22 @@ def test_two_evaluation_budgets_in_one_folder_are_said_in_its_tables(tmp_path):
             head.startswith('**Arm B1200 mixes records**')
             and 'budget: all windows of 8192 tokens (17 records), 2 windows of 8192 tokens (1 records)' in head
         ), head
+
+
+def test_a_scaling_folder_belongs_to_its_grid(tmp_path):
+    "58.5 for the scaling study: the tiny grid's table published into a copy of figures/scaling-cpu is refused."
+    from looped_lm.extensions.scaling import GRIDS, Scaling, check_scaling, write_results
+
+    fig = tmp_path / 'fig'
+    shutil.copytree(FIGURES / 'scaling-cpu', fig)
+    spec = GRIDS['cpu']
+    options = dict(measure_tokens=spec.measure_tokens, radial_tokens=spec.radial_tokens)
+    assert json.loads((fig / 'study.json').read_text()) == dict(
+        kind='scaling', grid='cpu', preset=spec.preset, options=options
+    )
+    before = {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()}
+    plan = check_scaling('tiny', out_dir=tmp_path / 'out', fig_dir=fig)
+    table = pd.read_csv(fig / 'scaling.csv')
+    with pytest.raises(StudyFolderError, match="grid 'cpu' there, 'tiny' here"):
+        write_results(Scaling(plan, table, {}, pd.DataFrame(), ''))
+    assert {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()} == before  # nothing written

@@ -127,18 +127,21 @@ def read_json_lines(p, strict: bool = False) -> list:
 
 # %% ../../nbs/00a_files.ipynb #fil0own1
 class StudyFolderError(RuntimeError):
-    "A study folder holds another study (its `study.json` names another kind, grid or preset)."
+    "A study folder holds another study (its `study.json` names another kind, grid, preset or option)."
 
 
 def own_folder(folder, identity: dict) -> dict:
-    """The study folder `folder` for the study `identity` ({'kind', 'grid', 'preset', ...}): its `study.json` written
-    if absent; a folder that names another study in any of `identity`'s keys is refused with the fix."""
-    p = Path(folder) / 'study.json'
+    """The study folder `folder` for the study `identity` ({'kind', 'grid', 'preset', 'options', ...}): its
+    `study.json` written if absent, and a key it does not name yet added (said); a folder that names another study in
+    any of `identity`'s keys (another kind, grid, preset or evaluation option) is refused with the fix."""
+    p, identity = Path(folder) / 'study.json', json.loads(json.dumps(identity))  # compared as JSON reads it back
     try:
         had = json.loads(p.read_text()) if p.is_file() else None
     except (ValueError, UnicodeDecodeError):
         raise StudyFolderError(f"{p} is damaged: restore it (git checkout) before publishing into {folder}.") from None
-    if had is None:
+    if had is None or not isinstance(had, dict):
+        if had is not None:
+            raise StudyFolderError(f"{p} is not a JSON object: restore it (git checkout) before publishing there.")
         Path(folder).mkdir(parents=True, exist_ok=True)
         write_atomic(p, json.dumps(identity, indent=1) + '\n')
         return identity
@@ -148,6 +151,10 @@ def own_folder(folder, identity: dict) -> dict:
             f"{folder} belongs to another study ({what}): publish into a folder of its own (fig_dir=...). "
             "Nothing was written."
         )
+    if new := [k for k in identity if k not in had]:  # a folder written before the study named these keys
+        had = {**had, **{k: identity[k] for k in new}}
+        write_atomic(p, json.dumps(had, indent=1) + '\n')
+        print(f"{p}: {', '.join(new)} added (the folder named no {new[0]} yet)")
     return had
 
 # %% ../../nbs/00a_files.ipynb #f2cefe11

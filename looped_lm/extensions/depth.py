@@ -742,8 +742,9 @@ def publish_depth(plan: DepthPlan, data, states: list = None, rebuild=None, remo
     """Every run's current records published and the tables rebuilt (`rebuild(fig_dir)`, default `rebuild_depth`); the
     records. Called under the study lock: what a finished grid ends with and what an interrupted one publishes. A
     published step no run folder here reproduces is kept, and named (`publish_records`)."""
-    records, fig = plan_records(plan, data), Path(plan.fig_dir)
-    own_folder(fig, dict(kind='depth', grid=plan.grid, preset=plan.spec.preset))  # one study's folder
+    fig, options = Path(plan.fig_dir), dict(max_batches=plan.spec.max_batches, eval_tokens=plan.spec.eval_tokens)
+    own_folder(fig, dict(kind='depth', grid=plan.grid, preset=plan.spec.preset, options=options))  # before any work
+    records = plan_records(plan, data)
     removed = publish_records(plan.jobs, records, fig, remove_stale)
     if any((fig / 'records').glob('*.jsonl')):  # every table and rule from the records the folder holds now
         (rebuild or rebuild_depth)(fig)

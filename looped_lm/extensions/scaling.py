@@ -17,7 +17,7 @@ import time
 import numpy as np
 import dataclasses
 import pandas as pd
-from ..core.files import write_atomic, source_hash
+from ..core.files import write_atomic, source_hash, own_folder
 from ..training.rundir import load_run, RunDirError, read_json, latest_checkpoint, run_status
 from looped_lm.measure.diagnostics import (
     eval_exits,
@@ -654,7 +654,9 @@ def kept_measured(table: pd.DataFrame, folder) -> None:
 # %% ../../nbs/06a_scaling.ipynb #665085cd
 def write_results(res: Scaling):
     "Per-run table (CSV: every column; Markdown: for reading), fits and reading, in the study folder and the figures'."
-    out, t = res.plan.out_dir, res.table
+    out, t, spec = res.plan.out_dir, res.table, res.plan.spec
+    options = dict(measure_tokens=spec.measure_tokens, radial_tokens=spec.radial_tokens)  # its evaluation budget
+    own_folder(res.plan.fig_dir, dict(kind='scaling', grid=res.plan.grid, preset=spec.preset, options=options))
     kept_measured(t, res.plan.fig_dir)  # the published folder (committed) never loses a measured row
     md = t.set_index(['point', 'variant', 'seed'])[[c for c in MD_COLUMNS if c in t]]
     for folder in dict.fromkeys([out, Path(res.plan.fig_dir)]):  # a published grid's folder (committed) holds them too
