@@ -28,6 +28,7 @@ PARTS = {
 CHAPTERS = [
     ('00_config', 'core.config'),
     ('00a_files', 'core.files'),
+    ('00b_formats', 'core.formats'),
     ('01_model', 'model.looped'),
     ('01a_lemmas', 'model.lemmas'),
     ('02_text', 'training.text'),

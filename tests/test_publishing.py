@@ -129,11 +129,11 @@ def test_two_evaluation_budgets_in_one_folder_are_said_in_its_tables(tmp_path):
 
 def test_a_scaling_folder_belongs_to_its_grid(tmp_path):
     "58.5 for the scaling study: the tiny grid's table published into a copy of figures/scaling-cpu is refused."
-    from looped_lm.extensions.scaling import GRIDS, Scaling, check_scaling, write_results
+    from looped_lm.extensions.scaling import Scaling, check_scaling, write_results
 
     fig = tmp_path / 'fig'
     shutil.copytree(FIGURES / 'scaling-cpu', fig)
-    spec = GRIDS['cpu']
+    spec = check_scaling('cpu', out_dir=tmp_path / 'cpu').spec
     options = dict(measure_tokens=spec.measure_tokens, radial_tokens=spec.radial_tokens)
     assert json.loads((fig / 'study.json').read_text()) == dict(
         kind='scaling', grid='cpu', preset=spec.preset, options=options

@@ -8,7 +8,7 @@ axis, and the horizon study (`06c_horizon`) fits it along its checkpoints, both 
 from __future__ import annotations
 import functools, math
 import numpy as np, pandas as pd
-from ..core.config import short_number
+from ..core.formats import short_number
 
 # %% auto #0
 __all__ = ['PAPER_TOKENS', 'PAPER_DRIFT', 't_quantile', 'local_slopes', 'fit_growth', 't_interval', 'fit_holdout', 'growth_row',

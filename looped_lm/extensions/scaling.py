@@ -30,7 +30,8 @@ from looped_lm.measure.diagnostics import (
 )
 from ..measure.radial import radial_fractions_as_trained
 from ..measure.protocol import as_spec
-from ..core.config import named_choice, short_number
+from ..core.config import named_choice
+from ..core.formats import short_number
 from ..model.looped import LoopedLM, num_params
 from ..training.train import train, TrainingError, resolve_device
 from ..studies.variants import VARIANTS, check_variants, check_seeds

@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 from ..core.files import file_content_sha, source_hash, imported_modules, machine_record
-from ..core.config import format_number
+from ..core.formats import format_number
 from ..training.rundir import check_run_data, read_json
 from ..training.rundir import latest_checkpoint, read_metrics, run_status, checkpoint_machine
 import dataclasses, hashlib, inspect

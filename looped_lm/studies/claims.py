@@ -15,7 +15,7 @@ import numpy as np
 from ..measure.protocol import CLAMPS
 from ..measure.radial import unaligned_cos
 from ..core.files import write_atomic, read_json_lines, machine_of
-from ..core.config import format_number
+from ..core.formats import format_number
 from ..measure.diagnostics import HEAVY_TAIL_HILL
 from .variants import VARIANTS, GROUPS
 from .tables import dig, md_cell, read_run_records, read_throughput, write_tables

@@ -11,7 +11,7 @@ import numpy as np, pandas as pd
 from ..measure.protocol import CLAMPS
 from ..measure.radial import unaligned_cos
 from ..core.files import write_atomic
-from ..core.config import format_number
+from ..core.formats import format_number
 from ..training.rundir import read_json
 from .variants import VARIANTS
 
