@@ -2,11 +2,12 @@
 the dose c applied after loop 1, on the whole validation split, and c* against each seed's weakest control (records).
 
     python figures/depth-dose/dose_b1200.py RUNS_DIR     # the worth grid's runs/ (B1200-perloop-rmsnorm-seed*)
-    python figures/depth-dose/dose_b1200.py --rebuild    # curves.md and the figure again, from curves.json
+    python figures/depth-dose/dose_b1200.py --rebuild    # curves.md and the figures again, from curves.json
 
 The runs are retrained where their checkpoints are not at hand (`run_worth('worth', arms=['B1200'])`, or the three
 at-risk jobs of its plan): each curve names its checkpoint, compared with the committed record's (same weights or not).
-Writes curves.json, curves.md and gain_vs_dose.png beside this file.
+Writes curves.json, curves.md, gain_vs_dose.png and gain_vs_drift.png beside this file (the second: the curves against
+the drift ratio, with depth-worth's trained arms as points, from its records as they are when it runs).
 """
 
 import json, sys
@@ -17,7 +18,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 from looped_lm.core.files import machine_record, code_record, write_atomic  # noqa: E402
 from looped_lm.extensions.depth import read_depth_records, depth_row, PER_LOOP_CONTROLS  # noqa: E402
-from looped_lm.extensions.dose import DOSES, dose_response, dose_star  # noqa: E402
+from looped_lm.extensions.dose import DOSES, dose_response, dose_star, draw_gain_vs_drift, trained_points  # noqa: E402
 from looped_lm.extensions.worth import WORTH  # noqa: E402
 from looped_lm.measure.diagnostics import EVAL_TOKENS, checkpoint_id  # noqa: E402
 from looped_lm.training.rundir import latest_checkpoint, load_run  # noqa: E402
@@ -77,6 +78,7 @@ if __name__ == '__main__' and sys.argv[1:] == ['--rebuild']:
     out = json.loads((HERE / 'curves.json').read_text())
     write_atomic(HERE / 'curves.md', markdown(out))
     figure(out, HERE / 'gain_vs_dose.png')
+    draw_gain_vs_drift(out, trained_points(read_depth_records(WORTH_DIR)), HERE / 'gain_vs_drift.png')
 elif __name__ == '__main__':
     runs = Path(sys.argv[1])
     plan = WORTH.check('worth', runs.parent, HERE / 'scratch', 'auto', 1, arms=['B1200'])
@@ -93,3 +95,4 @@ elif __name__ == '__main__':
     write_atomic(HERE / 'curves.json', json.dumps(out, indent=1))
     write_atomic(HERE / 'curves.md', markdown(out))
     figure(out, HERE / 'gain_vs_dose.png')
+    draw_gain_vs_drift(out, trained_points(read_depth_records(WORTH_DIR)), HERE / 'gain_vs_drift.png')

@@ -11,10 +11,13 @@ import torch
 from ..measure.protocol import LoopSpecError, as_spec, run_loops, token_windows, token_ce, n_scored
 from ..measure.spec_checks import guarded_spec, checked_spec
 from .worth import WORTH_GRIDS
+from .depth import AT_RISK_V, depth_row
+import matplotlib.pyplot as plt
 
 # %% auto #0
-__all__ = ['DOSES', 'BASE_LR', 'DOSE_CANDIDATES', 'PILOT_VARIANTS', 'PILOT_GRIDS', 'PILOT_FLOOR', 'R6_BAND', 'R6_WORDS', 'dosed',
-           'dose_response', 'dose_star', 'choose_regime', 'gain_at', 'predicted_gains', 'rule_r6']
+__all__ = ['DOSES', 'PAPER_DRIFT', 'BASE_LR', 'DOSE_CANDIDATES', 'PILOT_VARIANTS', 'PILOT_GRIDS', 'PILOT_FLOOR', 'R6_BAND',
+           'R6_WORDS', 'dosed', 'dose_response', 'dose_star', 'trained_points', 'draw_gain_vs_drift', 'choose_regime',
+           'gain_at', 'predicted_gains', 'rule_r6']
 
 # %% ../../nbs/06f_dose.ipynb #dos00007
 def _times(state, c: float, key):
@@ -90,6 +93,54 @@ def dose_star(rows: list, weakest_gain: float, ratio: float = 3.0) -> float | No
         if g1 <= target:
             return float(math.exp(math.log(c0) + (g0 - target) / (g0 - g1) * (math.log(c1) - math.log(c0))))
     return None
+
+# %% ../../nbs/06f_dose.ipynb #ff9a3544
+PAPER_DRIFT = (500.0, 2000.0)  # the paper's at-risk RMS over its raw readout's, roughly (39,207 against 17-83)
+
+
+def trained_points(records: list) -> dict:
+    """{arm: {seed: (drift ratio, at-risk gain)}} of a depth study's records, each run at its last measured step: the
+    at-risk run's final-loop RMS over `perloop-raw`'s on the same seed, and the at-risk gain from exit 1 to K."""
+    last = {}
+    for r in records:
+        key = (r['arm'], r['seed'], r['variant'])
+        if r['step'] >= last.get(key, {}).get('step', -1):
+            last[key] = r
+    out = {}
+    for (arm, seed, variant), r in sorted(last.items(), key=lambda kv: kv[0][:2]):
+        raw = last.get((arm, seed, 'perloop-raw'))
+        if variant == AT_RISK_V and raw is not None:
+            at = depth_row(r)
+            out.setdefault(arm, {})[seed] = (at['s'] / depth_row(raw)['s'], at['g_K'])
+    return out
+
+# %% ../../nbs/06f_dose.ipynb #be70328f
+def draw_gain_vs_drift(curves: dict, points: dict, path=None, paper=PAPER_DRIFT):
+    """The at-risk gain from exit 1 to K against the drift ratio: each seed's dosed curve (`curves.json`) from its
+    B1200 ratio on, each trained arm of `points` (`trained_points`) as its seed mean with the seeds' range, and the
+    paper's drift shaded. Saved to `path` (PNG) when given; the figure."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for c in curves['curves']:
+        base = points['B1200'][c['seed']][0]
+        xs, ys = [r['c'] * base for r in c['rows']], [r['gain_K'] for r in c['rows']]
+        ax.plot(xs, ys, lw=1, alpha=0.7, label=f"B1200 seed {c['seed']}, dosed after loop 1")
+    for (arm, seeds), marker in zip(points.items(), 'osD^v'):
+        r, g = (np.array([v[i] for v in seeds.values()]) for i in (0, 1))
+        err = lambda a: [[a.mean() - a.min()], [a.max() - a.mean()]]  # noqa: E731
+        ax.errorbar(r.mean(), g.mean(), xerr=err(r), yerr=err(g), fmt=marker, color='k', ms=6, capsize=3,
+                    label=f"{arm} trained (seeds {', '.join(map(str, seeds))})")  # fmt: skip
+    ax.axvspan(*paper, color='tab:red', alpha=0.12, label="the paper's drift")
+    ax.axhline(0, color='grey', lw=0.5)
+    ax.set(
+        xscale='log',
+        xlabel="drift ratio: at-risk final-loop RMS / perloop-raw's",
+        ylabel='at-risk gain, exit 1 to 4 (nats)',
+    )
+    ax.legend(fontsize=7, loc='upper right')
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=150, metadata={'Software': None})
+    return fig
 
 # %% ../../nbs/06f_dose.ipynb #5b274bc2
 BASE_LR = 0.006  # cpu-cosine's learning rate (checked against the preset below)
