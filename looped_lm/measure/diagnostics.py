@@ -11,7 +11,8 @@ from pathlib import Path
 from ..core.files import file_content_sha, source_hash, imported_modules, machine_record
 from ..core.formats import format_number
 from ..training.rundir import check_run_data, read_json
-from ..training.rundir import latest_checkpoint, read_metrics, run_status, checkpoint_machine
+from ..training.rundir import latest_checkpoint, checkpoint_machine
+from ..training.rundir import RunFolder, read_run_folder
 import dataclasses, hashlib, inspect
 from functools import partial
 from contextlib import contextmanager
@@ -193,26 +194,29 @@ def report_key(ckpt) -> dict:
     return dict(version=DIAG_VERSION, code=source_hash(MEASURING_CODE), checkpoint=checkpoint_id(ckpt))
 
 
-def current_report(run_dir) -> DiagnosticReport | None:
+def current_report(run_dir, folder: RunFolder = None) -> DiagnosticReport | None:
     """The run's `diagnostics.json` if this measuring code (`DIAG_VERSION`, `MEASURING_CODE`'s source) wrote it for its
-    newest checkpoint; else None (a damaged file: `RunDirError`)."""
-    run_dir = Path(run_dir)
-    rep, key = read_json(run_dir / 'diagnostics.json'), report_key(latest_checkpoint(run_dir))
+    newest checkpoint; else None (a damaged file: `RunDirError`). `folder`: the run already read (`read_run_folder`)."""
+    if folder is None or folder.state != 'done':  # an unfinished run's folder holds no report: read the files here
+        rep, ckpt = read_json(Path(run_dir) / 'diagnostics.json'), latest_checkpoint(run_dir)
+    else:
+        rep, ckpt = folder.report, folder.checkpoint
+    key = report_key(ckpt)
     return DiagnosticReport(rep) if key['checkpoint'] and matches_key(rep, key) else None
 
 
 def read_run(run_dir) -> dict:
-    """One run folder as a study reads it, each file once: `status` and `message` ('missing' without `status.json`);
-    a finished run also its `diag` (`current_report`), training `metrics` and `config`, or 'undiagnosed'."""
-    run_dir = Path(run_dir)
-    st = run_status(run_dir)
-    rec = dict(status=st.get('state', 'missing'), message=st.get('message', ''))
+    """One run folder as a study reads it, read once (`read_run_folder`): `status` and `message` ('missing' without
+    `status.json`); a finished run also its `diag` (`current_report`), training `metrics` and `config`, or
+    'undiagnosed'."""
+    run = read_run_folder(run_dir)
+    rec = dict(status=run.state, message=run.status.get('message', ''))
     if rec['status'] != 'done':
         return rec
-    if (diag := current_report(run_dir)) is None:  # missing, or for another checkpoint or code: never a result
+    if (diag := current_report(run_dir, run)) is None:  # missing, or for another checkpoint or code: never a result
         msg = f"{run_dir} has no diagnostics.json of version {DIAG_VERSION} for its newest checkpoint: rerun the study."
         return dict(status='undiagnosed', message=msg)
-    return dict(rec, diag=diag, metrics=read_metrics(run_dir, 'train'), config=read_json(run_dir / 'config.json'))
+    return dict(rec, diag=diag, metrics=run.metrics, config=run.config)
 
 # %% ../../nbs/03c_diagnostics.ipynb #f7635442
 def _module(obj):

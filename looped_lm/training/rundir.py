@@ -5,7 +5,7 @@ as its identity, and a trained model loaded back from it."""
 
 # %% ../../nbs/02b_rundir.ipynb #a034d6b0
 from __future__ import annotations
-import json, os
+import dataclasses, json, os
 from pathlib import Path
 from ..core.config import ExperimentConfig
 from ..core.files import write_atomic
@@ -28,9 +28,9 @@ from ..model.looped import LoopedLM, LoopedLMConfig
 __all__ = ['CKPT_FILES', 'CKPT_FORMAT', 'TRAINING_CODE', 'MACHINE_KEYS', 'RUN_FILES', 'CODE_OVERRIDE', 'RunDirError', 'read_json',
            'run_status', 'set_status', 'expected_records', 'parse_metrics', 'read_metrics', 'record_mismatch',
            'append_metrics', 'record_hashes', 'DamagedCheckpointError', 'verify_checkpoint', 'data_record',
-           'CheckpointWriteError', 'save_checkpoint', 'checkpoint_machine', 'latest_checkpoint', 'record_machine',
-           'load_checkpoint', 'restore_config', 'check_writable', 'run_lock', 'check_code', 'check_identity',
-           'check_run_data', 'load_run']
+           'CheckpointWriteError', 'save_checkpoint', 'checkpoint_machine', 'latest_checkpoint', 'RunFolder',
+           'read_run_folder', 'record_machine', 'load_checkpoint', 'restore_config', 'check_writable', 'run_lock',
+           'check_code', 'check_identity', 'check_run_data', 'load_run']
 
 # %% ../../nbs/02b_rundir.ipynb #5593e09a
 class RunDirError(RuntimeError):
@@ -309,6 +309,36 @@ def latest_checkpoint(run_dir):
     raise RunDirError(
         f"{p} names the checkpoint {name!r}, which is missing or incomplete (the trainer never leaves it so: "
         f"it was deleted or damaged). Delete {Path(run_dir)} to train that run again from the start."
+    )
+
+# %% ../../nbs/02b_rundir.ipynb #c3c98b13
+@dataclasses.dataclass(frozen=True)
+class RunFolder:
+    "A run folder read once: its status and, when it finished, its config, metrics, newest checkpoint and report."
+
+    path: Path
+    status: dict
+    config: dict | None = None
+    metrics: list = dataclasses.field(default_factory=list)  # the training records (`read_metrics(..., 'train')`)
+    checkpoint: Path | None = None  # `latest_checkpoint`
+    report: dict | None = None  # `diagnostics.json` as written (for which checkpoint and code: not checked here)
+
+    @property
+    def state(self) -> str:
+        "The run's state: 'done', 'running', 'failed', ... or 'missing' without a `status.json`."
+        return self.status.get('state', 'missing')
+
+
+def read_run_folder(run_dir) -> RunFolder:
+    """A run folder's files, each read once: `status.json`; a finished run's `config.json`, training metrics, newest
+    checkpoint and `diagnostics.json` too. A damaged file is a `RunDirError` naming it."""
+    run_dir = Path(run_dir)
+    status = run_status(run_dir)
+    if status.get('state') != 'done':
+        return RunFolder(run_dir, status)
+    config, metrics = read_json(run_dir / 'config.json'), read_metrics(run_dir, 'train')
+    return RunFolder(
+        run_dir, status, config, metrics, latest_checkpoint(run_dir), read_json(run_dir / 'diagnostics.json')
     )
 
 # %% ../../nbs/02b_rundir.ipynb #rdmach01
