@@ -124,10 +124,10 @@ def draw_gain_vs_drift(curves: dict, points: dict, path=None, paper=PAPER_DRIFT)
         base = points['B1200'][c['seed']][0]
         xs, ys = [r['c'] * base for r in c['rows']], [r['gain_K'] for r in c['rows']]
         ax.plot(xs, ys, lw=1, alpha=0.7, label=f"B1200 seed {c['seed']}, dosed after loop 1")
-    for (arm, seeds), marker in zip(points.items(), 'osD^v'):
+    for (arm, seeds), marker, color in zip(points.items(), 'osD^v', ('k', 'tab:purple', 'tab:brown', 'tab:olive')):
         r, g = (np.array([v[i] for v in seeds.values()]) for i in (0, 1))
         err = lambda a: [[a.mean() - a.min()], [a.max() - a.mean()]]  # noqa: E731
-        ax.errorbar(r.mean(), g.mean(), xerr=err(r), yerr=err(g), fmt=marker, color='k', ms=6, capsize=3,
+        ax.errorbar(r.mean(), g.mean(), xerr=err(r), yerr=err(g), fmt=marker, color=color, ms=6, capsize=3,
                     label=f"{arm} trained (seeds {', '.join(map(str, seeds))})")  # fmt: skip
     ax.axvspan(*paper, color='tab:red', alpha=0.12, label="the paper's drift")
     ax.axhline(0, color='grey', lw=0.5)
