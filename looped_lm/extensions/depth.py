@@ -27,10 +27,10 @@ from .grid import record_once
 # %% auto #0
 __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'DEPTH_GRIDS', 'DEPTH_VERSION', 'RECORDS', 'RULES', 'AT_RISK_V',
            'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'RULE_KINDS', 'ROW_COLUMNS', 'DEPTH', 'dose_variant',
-           'khop_data', 'khop_corpus', 'DepthGrid', 'check_depth', 'depth_key', 'depth_row', 'arm_runs', 'rule_r1',
-           'official_claims', 'spearman', 'rule_r3', 'missing_runs', 'not_measured', 'depth_rules', 'depth_table',
-           'mixed_lines', 'read_depth_records', 'write_depth', 'rebuild_depth', 'plan_records', 'publish_depth',
-           'depth_data', 'depth_fields', 'run_depth']
+           'khop_data', 'khop_corpus', 'DepthGrid', 'depth_base', 'check_depth', 'depth_key', 'depth_row', 'arm_runs',
+           'rule_r1', 'official_claims', 'spearman', 'rule_r3', 'missing_runs', 'not_measured', 'depth_rules',
+           'depth_table', 'mixed_lines', 'read_depth_records', 'write_depth', 'rebuild_depth', 'plan_records',
+           'publish_depth', 'depth_data', 'depth_fields', 'run_depth']
 
 # %% ../../nbs/06d_depth.ipynb #a2e5e010
 def dose_variant(lam: float) -> Variant:
@@ -125,7 +125,7 @@ class DepthGrid:
     publish: bool = True  # records and tables in figures/depth-<grid>/ (False: in the study folder)
     task: tuple = ()  # `khop_data`'s (n_sym, hops, seq_len): the k-hop task instead of the preset's corpus
     schedule: str = 'wsd'  # 'wsd' (two measured steps) or 'preset' (the preset's schedule over the arm's budget)
-    variants: tuple = ()  # names of DEPTH_VARIANTS to train (empty: every one)
+    variants: tuple = ()  # names of DEPTH_VARIANTS, or the grid's own `Variant`s, to train (empty: every depth one)
 
 
 DEPTH_GRIDS = {
@@ -242,9 +242,12 @@ def check_depth(
     chosen = [a for a in all_arms if arms is None or a[0] in arms]
     if arms is not None and (isinstance(arms, str) or set(arms) - {a[0] for a in all_arms} or not chosen):
         raise ConfigError(f"arms = {arms!r}: give a list of this grid's arms, from {[a[0] for a in all_arms]}.")
-    variants = list(spec.variants) or list(DEPTH_VARIANTS)
-    if unknown := [v for v in variants if v not in DEPTH_VARIANTS]:
-        raise ConfigError(f"variants {unknown} are not depth variants; choose from {list(DEPTH_VARIANTS)}.")
+    table = DEPTH_VARIANTS | {v.name: v for v in spec.variants if isinstance(v, Variant)}  # and the grid's own
+    variants = [getattr(v, 'name', v) for v in spec.variants] or list(DEPTH_VARIANTS)
+    if unknown := [v for v in variants if v not in table]:
+        raise ConfigError(
+            f"variants {unknown} are not depth variants; choose from {list(DEPTH_VARIANTS)} or give a `Variant`."
+        )
     _count(spec.eval_tokens, 'eval_tokens', 'tokens per evaluation batch')
     base = depth_base(spec, device)
     dev, seeds = str(resolve_device(base)), check_seeds(list(spec.seeds), [])
@@ -254,7 +257,7 @@ def check_depth(
         arm_base = depth_base(spec, device, steps).replace(n_layers=layers)
         for v in variants:
             for s in seeds:
-                run, cfg = f"{arm}-{v}-seed{s}", DEPTH_VARIANTS[v].config(arm_base).replace(seed=s)
+                run, cfg = f"{arm}-{v}-seed{s}", table[v].config(arm_base).replace(seed=s)
                 keep = out / 'kept' / run
                 jobs.append(DepthJob(arm, v, s, cfg, out / 'runs' / run, keep, _measured_steps(spec, steps)))
     if unpublished:  # what the study folder holds is kept as published, never trained again

@@ -14,14 +14,17 @@ from ..studies.tables import to_markdown
 import dataclasses
 from functools import partial
 from ..studies.runner import run_grid
+from ..studies.variants import Variant
+import math
 from .depth import DEPTH, DepthGrid, check_depth, depth_row, depth_table, publish_depth
 from .depth import read_depth_records, rule_r1, mixed_lines
 from .depth import official_claims, ROW_COLUMNS, AT_RISK_V, PER_LOOP_CONTROLS
 from .depth import missing_runs, not_measured, RULE_KINDS
 
 # %% auto #0
-__all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'WORTH', 'worth_rules', 'write_worth', 'rebuild_worth',
-           'publish_worth', 'run_worth']
+__all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'WORTH', 'ONE_PASS_PENALTY', 'REFERENCE_GRIDS', 'WORTH_REFERENCE',
+           'worth_rules', 'write_worth', 'rebuild_worth', 'publish_worth', 'run_worth', 'reference_rows',
+           'reference_markdown', 'write_reference', 'run_reference']
 
 # %% ../../nbs/06e_worth.ipynb #wor00007
 WORTH_VARIANTS = (
@@ -197,3 +200,84 @@ def run_worth(grid='worth-tiny', **kw) -> list:
     """`run_grid(WORTH, grid, **kw)`: the depth study on `WORTH_GRIDS`, its tables and rules rebuilt by `rebuild_worth`;
     the records. Keywords as `run_depth`'s (`out_dir`, `device`, `workers`, `arms`, ...)."""
     return run_grid(WORTH, grid, **kw)
+
+# %% ../../nbs/06e_worth.ipynb #23527358
+ONE_PASS_PENALTY = Variant(
+    'one-pass-penalty',
+    "the stack applied once (K = 1) with the terminal model's RMSNorm readout and the official penalty",
+    'reference',
+    dict(loss='terminal', readout='rmsnorm', norm_penalty='control', recurrence='plain', K=1),
+)
+REFERENCE_GRIDS = {  # beside a worth grid, on its budgets and seeds: never part of its design or rules
+    f'{name}-reference': dataclasses.replace(g, variants=(ONE_PASS_PENALTY,))
+    for name, g in WORTH_GRIDS.items()
+    if name != 'worth-gpu'
+}
+
+
+def _cell(records: list, arm: str) -> dict:
+    "{(variant, seed): row} of `arm` at its last step; empty when the records hold no run of it."
+    return _rows_at(records, arm)[1] if any(r['arm'] == arm for r in records) else {}
+
+# %% ../../nbs/06e_worth.ipynb #f79a5e60
+def reference_rows(records: list, references: list) -> list:
+    """Per arm and seed of `references` (`one-pass-penalty` runs): ln PPL@K of `terminal-penalty` subtracted from ln PPL
+    of each one-pass model (D, the pre-registered, and D against the penalised one), and `perloop-penalty`'s exit 1
+    against it; None where a run is missing. Then each arm's seed mean, where every seed has the number."""
+    ln = lambda row, at: None if row is None else math.log(row[at])  # noqa: E731
+    diff = lambda a, b: None if a is None or b is None else a - b  # noqa: E731
+    rows = []
+    for arm in dict.fromkeys(r['arm'] for r in references):
+        cell, ref = _cell(records, arm), _cell(references, arm)
+        for s in sorted({s for _, s in ref}):
+            own, term = ln(ref[ONE_PASS_PENALTY.name, s], 'ppl@1'), ln(cell.get(('terminal-penalty', s)), 'ppl@K')
+            one, pen = ln(cell.get(('one-pass', s)), 'ppl@1'), ln(cell.get(('perloop-penalty', s)), 'ppl@1')
+            rows.append(dict(arm=arm, seed=s, D=diff(one, term), D_penalty=diff(own, term), pen_exit1=diff(own, pen)))
+        per = [r for r in rows if r['arm'] == arm]
+        mean = {k: None if None in (v := [r[k] for r in per]) else float(np.mean(v)) for k in per[0] if k[0] in 'Dp'}
+        rows.append(dict(arm=arm, seed='mean', **mean))
+    return rows
+
+# %% ../../nbs/06e_worth.ipynb #c7c25beb
+def reference_markdown(rows: list) -> str:
+    "The two references' D side by side, one line per arm and seed (— where a run is missing)."
+    f = lambda v: '—' if v is None else f"{v:+.4f}"  # noqa: E731
+    out = [
+        '| budget | seed | D: `one-pass` (raw readout; R1) | D: `one-pass-penalty` | `perloop-penalty` exit 1 '
+        'better than `one-pass-penalty` by |',
+        '|---|---|---|---|---|',
+    ]
+    out += [f"| {r['arm']} | {r['seed']} | {f(r['D'])} | {f(r['D_penalty'])} | {f(r['pen_exit1'])} |" for r in rows]
+    return '\n'.join(out) + '\n'
+
+
+def write_reference(folder) -> list:
+    """`reference.md` of a reference folder, from its records and those of the worth study it sits in (its parent)."""
+    folder = Path(folder)
+    worth, refs = read_depth_records(folder.parent), read_depth_records(folder)
+    if not worth:
+        raise FileNotFoundError(
+            f"{folder.parent} holds no worth records: a reference is published inside its worth study's folder "
+            "(run_reference(grid, fig_dir=<worth folder>/reference))."
+        )
+    rows, mixed = reference_rows(worth, refs), '\n'.join(mixed_lines(worth + refs))
+    write_atomic(folder / 'reference.md', mixed + reference_markdown(rows))
+    return rows
+
+# %% ../../nbs/06e_worth.ipynb #3a484759
+WORTH_REFERENCE = dataclasses.replace(  # ends as every depth grid, its one table by `write_reference`
+    DEPTH,
+    name='worth-reference',
+    check=partial(check_depth, grids=REFERENCE_GRIDS),
+    finish=partial(publish_depth, rebuild=write_reference),
+)
+
+
+def run_reference(grid='worth-tiny-reference', **kw) -> list:
+    """The one-pass-penalty runs of `REFERENCE_GRIDS[grid]`, published into `fig_dir` (give the worth study's folder
+    + `/reference`); keywords as `run_worth`'s. The records."""
+    if not kw.get('fig_dir'):
+        raise ValueError(
+            "run_reference needs fig_dir=<the worth study's folder>/reference: its table reads that study."
+        )
+    return run_grid(WORTH_REFERENCE, grid, **kw)
