@@ -5,19 +5,27 @@ trained loops, and measure what depth is still worth. A measurement any `LoopSpe
 
 # %% ../../nbs/06f_dose.ipynb #dos00004
 from __future__ import annotations
-import dataclasses, math
+import dataclasses, json, math
+from functools import partial
+from pathlib import Path
 import numpy as np
 import torch
 from ..measure.protocol import LoopSpecError, as_spec, run_loops, token_windows, token_ce, n_scored
 from ..measure.spec_checks import guarded_spec, checked_spec
-from .worth import WORTH_GRIDS
-from .depth import AT_RISK_V, depth_row
+from ..core.files import write_atomic
+from ..studies.claims import depth_gate
+from ..studies.runner import repo_root, run_grid
+from .scaling import train_flops
+from .worth import WORTH, WORTH_GRIDS, WORTH_VARIANTS
+from .depth import AT_RISK_V, DEPTH_VARIANTS, arm_runs, check_depth, depth_base, depth_row
+from .depth import publish_depth, read_depth_records
 import matplotlib.pyplot as plt
 
 # %% auto #0
-__all__ = ['DOSES', 'PAPER_DRIFT', 'BASE_LR', 'DOSE_CANDIDATES', 'PILOT_VARIANTS', 'PILOT_GRIDS', 'PILOT_FLOOR', 'R6_BAND',
-           'R6_WORDS', 'dosed', 'dose_response', 'dose_star', 'trained_points', 'draw_gain_vs_drift', 'choose_regime',
-           'gain_at', 'predicted_gains', 'rule_r6']
+__all__ = ['DOSES', 'PAPER_DRIFT', 'BASE_LR', 'DOSE_CANDIDATES', 'PILOT_VARIANTS', 'PILOT_GRIDS', 'PILOT_FLOOR', 'PILOTS',
+           'DOSE_PILOT', 'R6_BAND', 'R6_WORDS', 'dosed', 'dose_response', 'dose_star', 'trained_points',
+           'draw_gain_vs_drift', 'choose_regime', 'pilot_cost', 'pilot_numbers', 'write_pilot', 'run_pilot',
+           'pilot_choice', 'choice_markdown', 'write_choice', 'gain_at', 'predicted_gains', 'rule_r6']
 
 # %% ../../nbs/06f_dose.ipynb #dos00007
 def _times(state, c: float, key):
@@ -110,8 +118,10 @@ def trained_points(records: list) -> dict:
     for (arm, seed, variant), r in sorted(last.items(), key=lambda kv: kv[0][:2]):
         raw = last.get((arm, seed, 'perloop-raw'))
         if variant == AT_RISK_V and raw is not None:
-            at = depth_row(r)
-            out.setdefault(arm, {})[seed] = (at['s'] / depth_row(raw)['s'], at['g_K'])
+            at, raw_s = depth_row(r), depth_row(raw)['s']
+            if not (math.isfinite(raw_s) and raw_s > 0):
+                raise ValueError(f"{raw['run']}: final-loop RMS {raw_s!r}, so no drift ratio: measure that run again.")
+            out.setdefault(arm, {})[seed] = (at['s'] / raw_s, at['g_K'])
     return out
 
 # %% ../../nbs/06f_dose.ipynb #be70328f
@@ -177,6 +187,117 @@ def choose_regime(pilots: list, floor: float = PILOT_FLOOR, worth: float = 0.02)
     if above := [p for p in testable if p['ratio'] >= floor]:
         return dict(min(above, key=lambda p: p['cost']), reached_floor=True)
     return dict(max(testable, key=lambda p: p['ratio']), reached_floor=False)
+
+# %% ../../nbs/06f_dose.ipynb #b5b4a2d5
+def pilot_cost(spec) -> float:
+    "Training FLOPs of the study a pilot's recipe would run: the worth grid's six variants x 3 seeds at its budget."
+    (arm, layers, steps), *more = spec.arms
+    if more:
+        raise ValueError(f"a pilot grid has one budget; this one has {len(spec.arms)}: {spec.arms!r}.")
+    base = depth_base(spec, 'cpu', steps).replace(n_layers=layers)
+    return 3 * sum(train_flops(DEPTH_VARIANTS[v].config(base)) for v in WORTH_VARIANTS)
+
+
+def pilot_numbers(name: str, records: list, grids: dict = None) -> dict:
+    """What the choice reads of pilot `name` (its seed, its budget's last step): the drift ratio, D and the raw gain
+    (R1's gate inputs), the at-risk gain to exit K and RMS, and the cost. ValueError naming what is missing."""
+    grids = PILOT_GRIDS if grids is None else grids
+    if name not in grids:
+        raise KeyError(f"{name!r} is not a pilot grid; the pilots are {', '.join(grids)}.")
+    spec = grids[name]
+    (arm, _, step), seed = spec.arms[0], spec.seeds[0]
+    gate = depth_gate(arm_runs(records, arm, step))
+    if str(seed) not in gate.get('per_seed', {}):
+        raise ValueError(f"pilot {name} is not measured: {'; '.join(gate['why'])}; run it: run_pilot({name!r}).")
+    at = next(depth_row(r) for r in records if r['variant'] == AT_RISK_V and (r['step'], r['seed']) == (step, seed))
+    p = gate['per_seed'][str(seed)]
+    numbers = dict(ratio=p['s_ratio'], D=p['D'], raw_gain=p['raw_gain'], at_risk_g_K=at['g_K'], at_risk_s=at['s'])
+    return dict(name=name, **numbers, cost=pilot_cost(spec))
+
+# %% ../../nbs/06f_dose.ipynb #7be22f0f
+PILOTS = Path('figures') / 'depth-dose-trained' / 'pilots'  # where run_pilot publishes, under the repository root
+
+
+def write_pilot(folder) -> dict | None:
+    """A pilot folder's `pilot.json` (`pilot_numbers`) from its `records/` alone, the pilot named by its `study.json`;
+    a pilot not fully measured has none (removed), so nothing partial is read as its numbers."""
+    folder = Path(folder)
+    name = json.loads((folder / 'study.json').read_text())['grid']
+    try:
+        numbers = pilot_numbers(name, read_depth_records(folder))
+    except ValueError:
+        (folder / 'pilot.json').unlink(missing_ok=True)
+        return None
+    write_atomic(folder / 'pilot.json', json.dumps(numbers, indent=1))
+    return numbers
+
+
+DOSE_PILOT = dataclasses.replace(  # ends as every depth grid, its one table by `write_pilot`
+    WORTH,
+    name='dose-pilot',
+    check=partial(check_depth, grids=PILOT_GRIDS),
+    finish=partial(publish_depth, rebuild=write_pilot),
+)
+
+
+def run_pilot(name: str, **kw) -> list:
+    """Pilot `name` of `PILOT_GRIDS` trained, measured and published into `PILOTS/<candidate>/` (`fig_dir` to put it
+    elsewhere); keywords as `run_worth`'s. The records."""
+    kw.setdefault('fig_dir', repo_root() / PILOTS / name.removeprefix('dose-pilot-'))
+    return run_grid(DOSE_PILOT, name, **kw)
+
+# %% ../../nbs/06f_dose.ipynb #fa287917
+def _rank(name: str) -> tuple:
+    return pilot_cost(PILOT_GRIDS[name]), list(PILOT_GRIDS).index(name)
+
+
+def pilot_choice(folder, closed: bool = False) -> dict:
+    """`choose_regime` over the pilots measured under `folder` (one `pilot.json` a candidate), in candidate order;
+    `final` when no unrun candidate could be chosen instead (or, short of the floor, the search is `closed`); `next`:
+    the unrun candidates, cheapest first."""
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(f"no folder {folder}: pilots are published into {PILOTS} by run_pilot.")
+    measured = [json.loads(p.read_text()) for p in Path(folder).glob('*/pilot.json')]
+    if unknown := [p['name'] for p in measured if p['name'] not in PILOT_GRIDS]:
+        raise ValueError(f"{folder} holds pilots of no candidate: {unknown}; the candidates are {list(PILOT_GRIDS)}.")
+    measured.sort(key=lambda p: _rank(p['name']))
+    todo = sorted((n for n in PILOT_GRIDS if n not in {p['name'] for p in measured}), key=_rank)
+    choice = choose_regime(measured)
+    if choice is not None and choice['reached_floor']:
+        final = all(_rank(n) > _rank(choice['name']) for n in todo)
+    else:
+        final = closed or not todo
+    return dict(choice=choice, final=final, measured=measured, next=todo)
+
+# %% ../../nbs/06f_dose.ipynb #c13eebc9
+def choice_markdown(state: dict, floor: float = PILOT_FLOOR) -> str:
+    "The pilots' table (seed 0) and the choice as `pilot_choice` reads it: final or not, and what to run next."
+    head = [
+        '| pilot | study cost (PFLOPs) | drift ratio | D | raw gain | at-risk gain to K | at-risk RMS |',
+        '|---|---|---|---|---|---|---|',
+    ]
+    f = lambda p, k, fmt: '—' if p.get(k) is None else format(p[k], fmt)  # noqa: E731
+    rows = [
+        f"| {p['name']} | {p['cost'] / 1e15:.2f} | {p['ratio']:.1f}x | {p['D']:.4f} | {p['raw_gain']:.4f} | "
+        f"{f(p, 'at_risk_g_K', '.4f')} | {f(p, 'at_risk_s', '.1f')} |"
+        for p in state['measured']
+    ]
+    c = state['choice']
+    if c is None:
+        said = 'no pilot where D and the raw gain reach 0.02: no regime' if state['final'] else 'no regime yet'
+    else:
+        how = f"reaches {floor:g}x" if c['reached_floor'] else f"the largest ratio; none reached {floor:g}x"
+        said = f"**{c['name']}** ({how}, drift ratio {c['ratio']:.1f}x)"
+    status = 'final' if state['final'] else 'not final: run next ' + ', '.join(state['next'])
+    return '\n'.join([*head, *rows, '', f"Choice: {said}. {status[0].upper()}{status[1:]}.", ''])
+
+
+def write_choice(folder, closed: bool = False) -> dict:
+    "`choice.json` and `pilots.md` of the pilots under `folder`, from their `pilot.json` alone."
+    state = pilot_choice(folder, closed)
+    write_atomic(Path(folder) / 'choice.json', json.dumps(state, indent=1))
+    write_atomic(Path(folder) / 'pilots.md', choice_markdown(state))
+    return state
 
 # %% ../../nbs/06f_dose.ipynb #5f43444b
 def gain_at(rows: list, c: float) -> float | None:
