@@ -357,7 +357,7 @@ def _shown_matches(shown: str, value: float) -> bool:
 
 
 def test_the_readme_verdict_table_quotes_each_columns_records():
-    """Every number the README's verdict table quotes for C1, C2, C4a, C4b, C5a, C5b and C6, in each of its three
+    """Every number the README's verdict table quotes for C1, C2, C4a, C4b, C5a, C5b and C6, in each of its four
     columns, is the seed mean the claims code computes from that column's committed records, and the verdict and
     seeds held are that column's."""
     import re
@@ -369,6 +369,7 @@ def test_the_readme_verdict_table_quotes_each_columns_records():
         evaluate_claims(read_run_records(FIGURES / 'cpu-3seeds'), 'cpu', FIGURES.parent)['primary']['claims'],
         evaluate_claims(read_run_records(FIGURES / 'cpu-exact'), 'cpu-exact', FIGURES.parent)['primary']['claims'],
         official_claims(read_depth_records(FIGURES / 'depth-worth'), 'B1200', 1200)['primary']['claims'],
+        official_claims(read_depth_records(FIGURES / 'depth-worth'), 'B4800', 4800)['primary']['claims'],
     ]
     rows = {}
     for line in (FIGURES.parent / 'README.md').read_text().splitlines():
@@ -486,4 +487,93 @@ def test_the_dose_curves_say_what_their_readme_quotes():
     assert 'c\\* = ' + ', '.join(f'{s:.1f}' for s in stars[:2]) + f' and {stars[2]:.1f}' in text
     assert (
         'about ' + ', '.join(f'{round(d, -1):.0f}×' for d in drifts[:2]) + f' and {round(drifts[2], -1):.0f}×' in text
+    )
+
+
+def test_the_one_pass_penalty_reference_rebuilds_from_its_records(tmp_path):
+    """figures/depth-worth/reference (issue 54.5, descriptive): `reference.md` rebuilt from its records and the worth
+    study's, byte-identical; its D against the raw one pass is R1's, recomputed here from the PPLs."""
+    import json, math
+    from looped_lm.extensions.worth import reference_rows, write_reference
+    from looped_lm.extensions.depth import read_depth_records
+
+    src = FIGURES / 'depth-worth'
+    if not (src / 'reference' / 'reference.md').is_file():
+        pytest.skip('the one-pass-penalty reference is not published yet')
+    dst = tmp_path / 'depth-worth'
+    shutil.copytree(src / 'records', dst / 'records')
+    shutil.copytree(src / 'reference' / 'records', dst / 'reference' / 'records')
+    write_reference(dst / 'reference')
+    assert (dst / 'reference' / 'reference.md').read_bytes() == (src / 'reference' / 'reference.md').read_bytes()
+    rules = json.loads((src / 'rules.json').read_text())['arms']
+    worth, refs = read_depth_records(src), read_depth_records(src / 'reference')
+    ppl = {(r['arm'], r['variant'], r['seed']): [e['ppl'] for e in r['diag']['exits']['validation']] for r in worth}
+    for row in reference_rows(worth, refs):
+        if row['seed'] == 'mean' or row['D'] is None:
+            continue
+        arm, s = row['arm'], row['seed']
+        assert math.isclose(row['D'], math.log(ppl[arm, 'one-pass', s][0] / ppl[arm, 'terminal-penalty', s][-1]))
+        if 'per_seed' in rules[arm]['R1']:
+            assert math.isclose(row['D'], rules[arm]['R1']['per_seed'][str(s)]['D'])
+    readme = (src / 'README.md').read_text()  # the study's table quotes each budget's seed means
+    for row in (r for r in reference_rows(worth, refs) if r['seed'] == 'mean'):
+        shown = f"{row['D_penalty']:+.3f}".replace('-', '−')
+        assert f"| {row['arm']} | " in readme and f"**{shown}**" in readme, (row['arm'], shown)
+
+
+def test_the_dose_pilots_rebuild_from_their_records(tmp_path):
+    """figures/depth-dose-trained/pilots (issue 53, part 2): each pilot's `pilot.json` and the choice (`pilots.md`,
+    `choice.json`) rebuilt from the records alone, byte-identical."""
+    import json
+    from looped_lm.extensions.dose import write_choice, write_pilot
+
+    src = FIGURES / 'depth-dose-trained' / 'pilots'
+    if not (src / 'pilots.md').is_file():
+        pytest.skip('no pilot is published yet')
+    dst = tmp_path / 'pilots'
+    for pilot in sorted(p.parent for p in src.glob('*/study.json')):
+        shutil.copytree(pilot / 'records', dst / pilot.name / 'records')
+        shutil.copy(pilot / 'study.json', dst / pilot.name / 'study.json')
+        write_pilot(dst / pilot.name)
+        made, committed = dst / pilot.name / 'pilot.json', pilot / 'pilot.json'
+        assert made.is_file() == committed.is_file() and (
+            not made.is_file() or made.read_bytes() == committed.read_bytes()
+        )
+    closed = json.loads((src / 'choice.json').read_text())['final']  # a search closed by hand stays closed
+    write_choice(dst, closed=closed)
+    for name in ('pilots.md', 'choice.json'):
+        assert (dst / name).read_bytes() == (src / name).read_bytes(), name
+    readme = (src.parent / 'README.md').read_text()  # its table quotes each pilot's ratio, D and raw gain
+    for p in json.loads((src / 'choice.json').read_text())['measured']:
+        d = [f"{p['D']:.{n}f}".replace('-', '−') for n in (2, 3)]
+        row = f"| {p['ratio']:,.0f}× | "
+        assert row in readme and any(f"{row}{x} | {p['raw_gain']:.3f} |" in readme for x in d), (p['name'], row)
+
+
+def test_the_readme_quotes_the_b4800_numbers_its_records_give():
+    """Issue 54: the README's B4800 sentence, recomputed from figures/depth-worth/records (validation, seed means): D,
+    the drift ratio, the at-risk and weakest-control gains to exit 4, C7's loops saved; R1 holds, R2 and R5 as said."""
+    import json, math
+    from statistics import mean
+
+    readme = ' '.join((FIGURES.parent / 'README.md').read_text().split())
+    rules = json.loads((FIGURES / 'depth-worth' / 'rules.json').read_text())['arms']['B4800']
+    recs = [json.loads(x) for f in sorted((FIGURES / 'depth-worth' / 'records').glob('B4800-*.jsonl')) for x in open(f)]
+    assert len(recs) == 18, 'B4800 is not complete'
+    ppl = {(r['variant'], r['seed']): [e['ppl'] for e in r['diag']['exits']['validation']] for r in recs}
+    rms = {(r['variant'], r['seed']): r['diag']['clamp']['none'][-1]['norm_rms'] for r in recs}
+    seeds = (1, 2, 3)
+    d = mean(math.log(ppl['one-pass', s][0] / ppl['terminal-penalty', s][-1]) for s in seeds)
+    ratio = mean(rms['perloop-rmsnorm', s] for s in seeds) / mean(rms['perloop-raw', s] for s in seeds)
+    g_k = lambda v: [math.log(ppl[v, s][0] / ppl[v, s][-1]) for s in seeds]  # noqa: E731
+    at = mean(g_k('perloop-rmsnorm'))
+    weakest = mean(min(g) for g in zip(*(g_k(v) for v in ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty'))))
+    loops = rules['R5']['numbers']['loops saved']
+    said = (
+        f"D = {d:.3f} nats, the drift {ratio:.1f}×, the drifting model gains {at:.4f} nats against the weakest "
+        f"control's {weakest:.3f} and halts {loops:.3f} loops earlier: R1 holds, R2 and R5 not reproduced"
+    )
+    assert said in readme, said
+    assert rules['R1']['verdict'] == 'holds' and all(
+        rules[r]['verdict'].startswith('not reproduced') for r in ('R2', 'R5')
     )

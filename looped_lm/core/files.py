@@ -139,9 +139,9 @@ def own_folder(folder, identity: dict) -> dict:
         had = json.loads(p.read_text()) if p.is_file() else None
     except (ValueError, UnicodeDecodeError):
         raise StudyFolderError(f"{p} is damaged: restore it (git checkout) before publishing into {folder}.") from None
-    if had is None or not isinstance(had, dict):
-        if had is not None:
-            raise StudyFolderError(f"{p} is not a JSON object: restore it (git checkout) before publishing there.")
+    if had is not None and not isinstance(had, dict):
+        raise StudyFolderError(f"{p} is not a JSON object: restore it (git checkout) before publishing there.")
+    if had is None:
         Path(folder).mkdir(parents=True, exist_ok=True)
         write_atomic(p, json.dumps(identity, indent=1) + '\n')
         return identity
