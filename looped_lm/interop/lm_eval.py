@@ -16,7 +16,7 @@ from ..training.rundir import RunDirError, read_json
 from .transformers_io import save_transformers
 
 # %% auto #0
-__all__ = ['TASK_YAML', 'TASK_UTILS', 'save_run', 'wikitext_pages', 'write_task', 'harness_scores', 'rolling_nll', 'compare_bpb']
+__all__ = ['TASK_YAML', 'TASK_UTILS', 'save_run', 'wikitext_pages', 'write_task', 'rolling_nll', 'harness_scores', 'compare_bpb']
 
 # %% ../../nbs/07b_lm_eval.ipynb #c9c4af48
 def save_run(run_dir, folder, data_dir=None, **config_kwargs) -> Path:
@@ -84,6 +84,39 @@ def write_task(folder, corpus: str = 'wikitext-2-v1', split: str = 'test') -> Pa
     (folder / 'looped_wikitext_utils.py').write_text(TASK_UTILS)
     return folder
 
+# %% ../../nbs/07b_lm_eval.ipynb #ce6b4e8e
+def rolling_windows(n: int, L: int) -> list:
+    "(start, end, scored) over `[prefix] + ids` (n ids): input `[start:end]`, its last `scored` predictions counted."
+    if n <= 0:
+        return []
+    first = min(L, n)
+    out, done = [(0, first, first)], first
+    while done < n:
+        m = min(n - done, L)
+        out.append((done + m - L, done + m, m))  # input: the L tokens before the targets ids[done:done + m]
+        done += m
+    return out
+
+# %% ../../nbs/07b_lm_eval.ipynb #c9b80e95
+@torch.no_grad()
+def rolling_nll(model, docs: list, prefix_id: int, L: int, exit_k: int = None, batch_size: int = 64) -> list:
+    "Per document of `docs` (lists of ids): the summed negative log-likelihood (nats) over its rolling windows."
+    rows = []  # (doc, input ids, targets, scored)
+    for d, ids in enumerate(docs):
+        full = [prefix_id] + list(ids)
+        rows += [(d, full[s:e], full[s + 1 : e + 1], m) for s, e, m in rolling_windows(len(ids), L)]
+    nll = [0.0] * len(docs)
+    device = next(model.parameters()).device
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i : i + batch_size]
+        T = max(len(x) for _, x, _, _ in chunk)
+        x = torch.tensor([xs + [0] * (T - len(xs)) for _, xs, _, _ in chunk], device=device)  # causal: pads unseen
+        logp = F.log_softmax(model(x, exit_k=exit_k).logits.double(), -1)
+        for j, (d, xs, ys, m) in enumerate(chunk):
+            pos = torch.arange(len(xs) - m, len(xs), device=device)
+            nll[d] -= float(logp[j, pos, torch.tensor(ys[-m:], device=device)].sum())
+    return nll
+
 # %% ../../nbs/07b_lm_eval.ipynb #156ad968
 def harness_scores(
     model,
@@ -117,39 +150,6 @@ def harness_scores(
     metrics = {k.split(',')[0]: v for k, v in r['results'][task].items() if k.endswith(',none')}
     lls = [s['resps'][0][0] for s in r['samples'][task]]
     return dict(metrics, loglikelihoods=lls)
-
-# %% ../../nbs/07b_lm_eval.ipynb #ce6b4e8e
-def rolling_windows(n: int, L: int) -> list:
-    "(start, end, scored) over `[prefix] + ids` (n ids): input `[start:end]`, its last `scored` predictions counted."
-    if n <= 0:
-        return []
-    first = min(L, n)
-    out, done = [(0, first, first)], first
-    while done < n:
-        m = min(n - done, L)
-        out.append((done + m - L, done + m, m))  # input: the L tokens before the targets ids[done:done + m]
-        done += m
-    return out
-
-# %% ../../nbs/07b_lm_eval.ipynb #c9b80e95
-@torch.no_grad()
-def rolling_nll(model, docs: list, prefix_id: int, L: int, exit_k: int = None, batch_size: int = 64) -> list:
-    "Per document of `docs` (lists of ids): the summed negative log-likelihood (nats) over its rolling windows."
-    rows = []  # (doc, input ids, targets, scored)
-    for d, ids in enumerate(docs):
-        full = [prefix_id] + list(ids)
-        rows += [(d, full[s:e], full[s + 1 : e + 1], m) for s, e, m in rolling_windows(len(ids), L)]
-    nll = [0.0] * len(docs)
-    device = next(model.parameters()).device
-    for i in range(0, len(rows), batch_size):
-        chunk = rows[i : i + batch_size]
-        T = max(len(x) for _, x, _, _ in chunk)
-        x = torch.tensor([xs + [0] * (T - len(xs)) for _, xs, _, _ in chunk], device=device)  # causal: pads unseen
-        logp = F.log_softmax(model(x, exit_k=exit_k).logits.double(), -1)
-        for j, (d, xs, ys, m) in enumerate(chunk):
-            pos = torch.arange(len(xs) - m, len(xs), device=device)
-            nll[d] -= float(logp[j, pos, torch.tensor(ys[-m:], device=device)].sum())
-    return nll
 
 # %% ../../nbs/07b_lm_eval.ipynb #2f044598
 @torch.no_grad()
