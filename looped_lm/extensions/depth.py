@@ -7,7 +7,9 @@ cooldown that removes the constant-lr floor within each run, and a one-layer arm
 from __future__ import annotations
 import hashlib, json, math
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 import numpy as np, pandas as pd
 from ..core.config import ExperimentConfig, ConfigError, load_preset, named_choice
@@ -30,7 +32,7 @@ __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'DEPTH_GRIDS', 'DEP
            'khop_data', 'khop_corpus', 'DepthGrid', 'depth_base', 'check_depth', 'depth_key', 'depth_row', 'arm_runs',
            'rule_r1', 'official_claims', 'spearman', 'rule_r3', 'missing_runs', 'not_measured', 'depth_rules',
            'depth_table', 'mixed_lines', 'read_depth_records', 'write_depth', 'rebuild_depth', 'plan_records',
-           'publish_depth', 'depth_data', 'depth_fields', 'run_depth']
+           'publish_depth', 'depth_data', 'depth_fields', 'run_depth', 'depth_study']
 
 # %% ../../nbs/06d_depth.ipynb #a2e5e010
 def dose_variant(lam: float) -> Variant:
@@ -786,6 +788,13 @@ def run_depth(grid='tiny', **kw) -> list:
     rebuild its tables; the records. Keywords as `run_grid`'s, with `grids` (the table `grid` names) and `arms` (only
     these arms)."""
     return run_grid(DEPTH, grid, **kw)
+
+
+def depth_study(name: str, grids: dict, rebuild) -> GridStudy:
+    "A depth study of its own `grids`, run and published as `DEPTH`, its tables rebuilt by `rebuild(folder)`."
+    return dataclasses.replace(
+        DEPTH, name=name, check=partial(check_depth, grids=grids), finish=partial(publish_depth, rebuild=rebuild)
+    )
 
 # %% ../../nbs/06d_depth.ipynb #66f484e8
 def study_rows(folder) -> pd.DataFrame:

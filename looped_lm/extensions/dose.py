@@ -6,7 +6,6 @@ trained loops, and measure what depth is still worth. A measurement any `LoopSpe
 # %% ../../nbs/06f_dose.ipynb #dos00004
 from __future__ import annotations
 import dataclasses, json, math
-from functools import partial
 from pathlib import Path
 import numpy as np
 import torch
@@ -16,16 +15,16 @@ from ..core.files import write_atomic
 from ..studies.claims import depth_gate
 from ..studies.runner import repo_root, run_grid
 from .scaling import train_flops
-from .worth import WORTH, WORTH_GRIDS, WORTH_VARIANTS
-from .depth import AT_RISK_V, DEPTH_VARIANTS, arm_runs, check_depth, depth_base, depth_row
-from .depth import publish_depth, read_depth_records
+from .worth import WORTH_GRIDS, WORTH_VARIANTS
+from .depth import AT_RISK_V, DEPTH_VARIANTS, arm_runs, depth_base, depth_row
+from .depth import depth_study, read_depth_records
 import matplotlib.pyplot as plt
 
 # %% auto #0
 __all__ = ['DOSES', 'PAPER_DRIFT', 'BASE_LR', 'DOSE_CANDIDATES', 'PILOT_VARIANTS', 'PILOT_GRIDS', 'PILOT_FLOOR', 'PILOTS',
            'DOSE_PILOT', 'R6_BAND', 'R6_WORDS', 'dosed', 'dose_response', 'dose_star', 'trained_points',
-           'draw_gain_vs_drift', 'choose_regime', 'pilot_cost', 'pilot_numbers', 'write_pilot', 'run_pilot',
-           'pilot_choice', 'choice_markdown', 'write_choice', 'gain_at', 'predicted_gains', 'rule_r6']
+           'draw_gain_vs_drift', 'choose_regime', 'pilot_cost', 'PilotNotMeasured', 'pilot_numbers', 'write_pilot',
+           'run_pilot', 'pilot_choice', 'choice_markdown', 'write_choice', 'gain_at', 'predicted_gains', 'rule_r6']
 
 # %% ../../nbs/06f_dose.ipynb #dos00007
 def _times(state, c: float, key):
@@ -198,9 +197,13 @@ def pilot_cost(spec) -> float:
     return 3 * sum(train_flops(DEPTH_VARIANTS[v].config(base)) for v in WORTH_VARIANTS)
 
 
+class PilotNotMeasured(ValueError):
+    "A pilot whose records lack a run of its design (or its seed's gate): it has no numbers yet."
+
+
 def pilot_numbers(name: str, records: list, grids: dict = None) -> dict:
     """What the choice reads of pilot `name` (its seed, its budget's last step): the drift ratio, D and the raw gain
-    (R1's gate inputs), the at-risk gain to exit K and RMS, and the cost. ValueError naming what is missing."""
+    (R1's gate inputs), the at-risk gain to exit K and RMS, and the cost. PilotNotMeasured naming what is missing."""
     grids = PILOT_GRIDS if grids is None else grids
     if name not in grids:
         raise KeyError(f"{name!r} is not a pilot grid; the pilots are {', '.join(grids)}.")
@@ -208,7 +211,7 @@ def pilot_numbers(name: str, records: list, grids: dict = None) -> dict:
     (arm, _, step), seed = spec.arms[0], spec.seeds[0]
     gate = depth_gate(arm_runs(records, arm, step))
     if str(seed) not in gate.get('per_seed', {}):
-        raise ValueError(f"pilot {name} is not measured: {'; '.join(gate['why'])}; run it: run_pilot({name!r}).")
+        raise PilotNotMeasured(f"pilot {name} is not measured: {'; '.join(gate['why'])}; run it: run_pilot({name!r}).")
     at = next(depth_row(r) for r in records if r['variant'] == AT_RISK_V and (r['step'], r['seed']) == (step, seed))
     p = gate['per_seed'][str(seed)]
     numbers = dict(ratio=p['s_ratio'], D=p['D'], raw_gain=p['raw_gain'], at_risk_g_K=at['g_K'], at_risk_s=at['s'])
@@ -225,19 +228,14 @@ def write_pilot(folder) -> dict | None:
     name = json.loads((folder / 'study.json').read_text())['grid']
     try:
         numbers = pilot_numbers(name, read_depth_records(folder))
-    except ValueError:
+    except PilotNotMeasured:
         (folder / 'pilot.json').unlink(missing_ok=True)
         return None
     write_atomic(folder / 'pilot.json', json.dumps(numbers, indent=1))
     return numbers
 
 
-DOSE_PILOT = dataclasses.replace(  # ends as every depth grid, its one table by `write_pilot`
-    WORTH,
-    name='dose-pilot',
-    check=partial(check_depth, grids=PILOT_GRIDS),
-    finish=partial(publish_depth, rebuild=write_pilot),
-)
+DOSE_PILOT = depth_study('dose-pilot', PILOT_GRIDS, write_pilot)  # its one table: `pilot.json`
 
 
 def run_pilot(name: str, **kw) -> list:

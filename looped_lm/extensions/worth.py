@@ -19,12 +19,12 @@ import math
 from .depth import DEPTH, DepthGrid, check_depth, depth_row, depth_table, publish_depth
 from .depth import read_depth_records, rule_r1, mixed_lines
 from .depth import official_claims, ROW_COLUMNS, AT_RISK_V, PER_LOOP_CONTROLS
-from .depth import missing_runs, not_measured, RULE_KINDS
+from .depth import missing_runs, not_measured, RULE_KINDS, depth_study
 
 # %% auto #0
-__all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'WORTH', 'ONE_PASS_PENALTY', 'REFERENCE_GRIDS', 'WORTH_REFERENCE',
-           'worth_rules', 'write_worth', 'rebuild_worth', 'publish_worth', 'run_worth', 'reference_rows',
-           'reference_markdown', 'write_reference', 'run_reference']
+__all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'WORTH', 'ONE_PASS_PENALTY', 'REFERENCE_GRIDS', 'REFERENCE_NUMBERS',
+           'WORTH_REFERENCE', 'worth_rules', 'write_worth', 'rebuild_worth', 'publish_worth', 'run_worth',
+           'reference_rows', 'reference_markdown', 'write_reference', 'run_reference']
 
 # %% ../../nbs/06e_worth.ipynb #wor00007
 WORTH_VARIANTS = (
@@ -220,6 +220,9 @@ def _cell(records: list, arm: str) -> dict:
     return _rows_at(records, arm)[1] if any(r['arm'] == arm for r in records) else {}
 
 # %% ../../nbs/06e_worth.ipynb #f79a5e60
+REFERENCE_NUMBERS = ('D', 'D_penalty', 'pen_exit1')  # what each reference row gives, per seed and on the mean
+
+
 def reference_rows(records: list, references: list) -> list:
     """Per arm and seed of `references` (`one-pass-penalty` runs): ln PPL@K of `terminal-penalty` subtracted from ln PPL
     of each one-pass model (D, the pre-registered, and D against the penalised one), and `perloop-penalty`'s exit 1
@@ -234,7 +237,7 @@ def reference_rows(records: list, references: list) -> list:
             one, pen = ln(cell.get(('one-pass', s)), 'ppl@1'), ln(cell.get(('perloop-penalty', s)), 'ppl@1')
             rows.append(dict(arm=arm, seed=s, D=diff(one, term), D_penalty=diff(own, term), pen_exit1=diff(own, pen)))
         per = [r for r in rows if r['arm'] == arm]
-        mean = {k: None if None in (v := [r[k] for r in per]) else float(np.mean(v)) for k in per[0] if k[0] in 'Dp'}
+        mean = {k: None if None in (v := [r[k] for r in per]) else float(np.mean(v)) for k in REFERENCE_NUMBERS}
         rows.append(dict(arm=arm, seed='mean', **mean))
     return rows
 
@@ -265,12 +268,7 @@ def write_reference(folder) -> list:
     return rows
 
 # %% ../../nbs/06e_worth.ipynb #3a484759
-WORTH_REFERENCE = dataclasses.replace(  # ends as every depth grid, its one table by `write_reference`
-    DEPTH,
-    name='worth-reference',
-    check=partial(check_depth, grids=REFERENCE_GRIDS),
-    finish=partial(publish_depth, rebuild=write_reference),
-)
+WORTH_REFERENCE = depth_study('worth-reference', REFERENCE_GRIDS, write_reference)  # its one table: `reference.md`
 
 
 def run_reference(grid='worth-tiny-reference', **kw) -> list:
