@@ -47,6 +47,20 @@ def dosed(spec, c: float, j: int = 1):
     return dataclasses.replace(spec, step=lambda h, ctx, k: step(_times(h, c, key) if k == j + 1 else h, ctx, k),
                                trace=None, exits=None, name=f"{spec.name} (x{c:g} after loop {j})")  # fmt: skip
 
+# %% ../../nbs/06f_dose.ipynb #dos00012
+def _dose_row(c: float, j: int, ce: np.ndarray) -> dict:
+    "One dose's row from its mean CEs: exit j, exit j read from c·H_j, exits j+1..K."
+    at_j, scaled, later = ce[0], ce[1], ce[2:]
+    return dict(
+        c=float(c),
+        j=j,
+        ce_j=float(at_j),
+        ce=[float(v) for v in later],
+        gain_K=float(at_j - later[-1]),
+        gain_best=float(at_j - min(later)),
+        exit_j_rel_diff=float(abs(scaled - at_j) / abs(at_j)),
+    )
+
 # %% ../../nbs/06f_dose.ipynb #dos00011
 DOSES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)  # the log grid of c
 
@@ -74,20 +88,6 @@ def dose_response(model, tokens, doses=DOSES, j: int = 1, batch_size=8, seq_len=
     windows = list(token_windows(tokens, batch_size, seq_len, max_batches, device))
     n = sum(n_scored(y) for _, y in windows)
     return [_dose_row(c, j, sum(_dose_sums(spec, x, y, c, j, ce_chunk) for x, y in windows) / n) for c in doses]
-
-# %% ../../nbs/06f_dose.ipynb #dos00012
-def _dose_row(c: float, j: int, ce: np.ndarray) -> dict:
-    "One dose's row from its mean CEs: exit j, exit j read from c·H_j, exits j+1..K."
-    at_j, scaled, later = ce[0], ce[1], ce[2:]
-    return dict(
-        c=float(c),
-        j=j,
-        ce_j=float(at_j),
-        ce=[float(v) for v in later],
-        gain_K=float(at_j - later[-1]),
-        gain_best=float(at_j - min(later)),
-        exit_j_rel_diff=float(abs(scaled - at_j) / abs(at_j)),
-    )
 
 # %% ../../nbs/06f_dose.ipynb #dos00016
 def dose_star(rows: list, weakest_gain: float, ratio: float = 3.0) -> float | None:
