@@ -14,9 +14,9 @@ from looped_lm.extensions.dose import DOSE_CANDIDATES, PILOTS, run_pilot, write_
 from looped_lm.studies.runner import repo_root
 
 
-def next_pilot(folder, named: list) -> str | None:
-    "The next pilot to run: the next one named, else the cheapest unrun while the choice is not final."
-    if named or '--choose' in sys.argv:
+def next_pilot(folder, named: list | None) -> str | None:
+    "The next pilot: the next one named (None: none were), else the cheapest unrun while the choice is not final."
+    if named is not None or '--choose' in sys.argv:
         return named.pop(0) if named else None
     state = write_choice(folder)
     return None if state['final'] or not state['next'] else state['next'][0]
@@ -28,7 +28,7 @@ if __name__ == '__main__':
         sys.exit(f"unknown pilot(s) {bad}: choose from {list(DOSE_CANDIDATES)}.")
     folder = repo_root() / PILOTS
     folder.mkdir(parents=True, exist_ok=True)
-    named, tried = [f'dose-pilot-{a}' for a in args], set()
+    named, tried = [f'dose-pilot-{a}' for a in args] or None, set()  # named: those alone
     while (name := next_pilot(folder, named)) is not None:
         if name in tried:  # run, yet not measured (a run failed or diverged): a person reads its folder and decides
             sys.exit(f"{name} ran but has no pilot.json: read results/depth-{name}/runs/*/status.json; nothing chosen.")
