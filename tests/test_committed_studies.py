@@ -548,6 +548,35 @@ def test_the_dose_pilots_rebuild_from_their_records(tmp_path):
         d = [f"{p['D']:.{n}f}".replace('-', '−') for n in (2, 3)]
         row = f"| {p['ratio']:,.0f}× | "
         assert row in readme and any(f"{row}{x} | {p['raw_gain']:.3f} |" in readme for x in d), (p['name'], row)
+    # the descriptive table: each pilot's at-risk gain beside the dose prediction at its drift, and their ratio
+    from looped_lm.extensions.depth import read_depth_records
+    from looped_lm.extensions.dose import predicted_gains, trained_points
+
+    curves = json.loads((FIGURES / 'depth-dose' / 'curves.json').read_text())['curves']
+    b1200 = {s: r for s, (r, _) in trained_points(read_depth_records(FIGURES / 'depth-worth'))['B1200'].items()}
+    for p in json.loads((src / 'choice.json').read_text())['measured']:
+        pred = predicted_gains(curves, p['ratio'], b1200)['mean']
+        row = f"| {p['ratio']:,.0f}× | {p['at_risk_g_K']:.4f} | {pred:.4f} | {p['at_risk_g_K'] / pred:.2g} |"
+        assert row in readme, (p['name'], row)
+
+
+def test_pilots_script_runs_the_named_pilots_alone(tmp_path, monkeypatch):
+    """`pilots.py d256` ran d256 and nothing after it (it once went on to the cheapest unrun pilot); without names it
+    runs the cheapest unrun pilot while the choice is not final, and none once it is."""
+    import importlib.util, json, sys
+
+    spec = importlib.util.spec_from_file_location('pilots', FIGURES / 'depth-dose-trained' / 'pilots.py')
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(sys, 'argv', ['pilots.py'])
+    named = ['dose-pilot-d256']
+    assert script.next_pilot(tmp_path, named) == 'dose-pilot-d256' and script.next_pilot(tmp_path, named) is None
+    pilot = {'name': 'dose-pilot-lr2', 'ratio': 10.0, 'D': 0.1, 'raw_gain': 0.1, 'cost': 1.0}  # below the floor
+    (tmp_path / 'lr2').mkdir()
+    (tmp_path / 'lr2' / 'pilot.json').write_text(json.dumps(pilot))
+    assert script.next_pilot(tmp_path, None) == 'dose-pilot-lr4'  # the cheapest unrun (same cost, candidate order)
+    (tmp_path / 'lr2' / 'pilot.json').write_text(json.dumps(dict(pilot, ratio=200.0)))  # the cheapest reaches it
+    assert script.next_pilot(tmp_path, None) is None
 
 
 def test_the_readme_quotes_the_b4800_numbers_its_records_give():

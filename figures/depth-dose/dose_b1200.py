@@ -7,7 +7,8 @@ the dose c applied after loop 1, on the whole validation split, and c* against e
 The runs are retrained where their checkpoints are not at hand (`run_worth('worth', arms=['B1200'])`, or the three
 at-risk jobs of its plan): each curve names its checkpoint, compared with the committed record's (same weights or not).
 Writes curves.json, curves.md, gain_vs_dose.png and gain_vs_drift.png beside this file (the second: the curves against
-the drift ratio, with depth-worth's trained arms as points, from its records as they are when it runs).
+the drift ratio, with depth-worth's trained arms as points, from its records as they are when it runs, and the
+regime's pilots of figures/depth-dose-trained/ as open markers).
 """
 
 import json, sys
@@ -25,6 +26,12 @@ from looped_lm.training.rundir import latest_checkpoint, load_run  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WORTH_DIR = HERE.parent / 'depth-worth'
+PILOTS = HERE.parent / 'depth-dose-trained' / 'pilots' / 'choice.json'  # the regime's pilots, drawn as they stand
+
+
+def pilots() -> list:
+    "The measured pilots of the dose study's regime search (none before it began)."
+    return json.loads(PILOTS.read_text())['measured'] if PILOTS.is_file() else []
 
 
 def seed_curve(run_dir: Path, data, record: dict, weakest: float) -> dict:
@@ -78,7 +85,7 @@ if __name__ == '__main__' and sys.argv[1:] == ['--rebuild']:
     out = json.loads((HERE / 'curves.json').read_text())
     write_atomic(HERE / 'curves.md', markdown(out))
     figure(out, HERE / 'gain_vs_dose.png')
-    draw_gain_vs_drift(out, trained_points(read_depth_records(WORTH_DIR)), HERE / 'gain_vs_drift.png')
+    draw_gain_vs_drift(out, trained_points(read_depth_records(WORTH_DIR)), HERE / 'gain_vs_drift.png', pilots=pilots())
 elif __name__ == '__main__':
     runs = Path(sys.argv[1])
     plan = WORTH.check('worth', runs.parent, HERE / 'scratch', 'auto', 1, arms=['B1200'])
@@ -95,4 +102,4 @@ elif __name__ == '__main__':
     write_atomic(HERE / 'curves.json', json.dumps(out, indent=1))
     write_atomic(HERE / 'curves.md', markdown(out))
     figure(out, HERE / 'gain_vs_dose.png')
-    draw_gain_vs_drift(out, trained_points(read_depth_records(WORTH_DIR)), HERE / 'gain_vs_drift.png')
+    draw_gain_vs_drift(out, trained_points(read_depth_records(WORTH_DIR)), HERE / 'gain_vs_drift.png', pilots=pilots())

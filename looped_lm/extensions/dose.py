@@ -124,10 +124,11 @@ def trained_points(records: list) -> dict:
     return out
 
 # %% ../../nbs/06f_dose.ipynb #be70328f
-def draw_gain_vs_drift(curves: dict, points: dict, path=None, paper=PAPER_DRIFT):
+def draw_gain_vs_drift(curves: dict, points: dict, path=None, paper=PAPER_DRIFT, pilots=()):
     """The at-risk gain from exit 1 to K against the drift ratio: each seed's dosed curve (`curves.json`) from its
-    B1200 ratio on, each trained arm of `points` (`trained_points`) as its seed mean with the seeds' range, and the
-    paper's drift shaded. Saved to `path` (PNG) when given; the figure."""
+    B1200 ratio on, each trained arm of `points` (`trained_points`) as its seed mean with the seeds' range, `pilots`
+    (`choice.json`'s `measured`: one seed each, open markers, named) and the paper's drift shaded. Saved to `path`
+    (PNG) when given; the figure."""
     if lost := [c['seed'] for c in curves['curves'] if c['seed'] not in points.get('B1200', {})]:
         raise ValueError(f"B1200 seeds {lost} have dosed curves but no trained point (its at-risk and perloop-raw "
                          "records) to place them on the drift axis: publish those records first.")  # fmt: skip
@@ -141,12 +142,23 @@ def draw_gain_vs_drift(curves: dict, points: dict, path=None, paper=PAPER_DRIFT)
         err = lambda a: [[a.mean() - a.min()], [a.max() - a.mean()]]  # noqa: E731
         ax.errorbar(r.mean(), g.mean(), xerr=err(r), yerr=err(g), fmt=marker, color=color, ms=6, capsize=3,
                     label=f"{arm} trained (seeds {', '.join(map(str, seeds))})")  # fmt: skip
+    for i, p in enumerate(pilots):  # descriptive: chosen on, one seed, another recipe each
+        ax.plot(
+            p['ratio'],
+            p['at_risk_g_K'],
+            'o',
+            mfc='none',
+            color='tab:grey',
+            label='pilots (seed 0)' if i == 0 else '_nolegend_',
+        )
+        ax.annotate(p['name'].removeprefix('dose-pilot-'), (p['ratio'], p['at_risk_g_K']), fontsize=6,
+                    xytext=(3, 3), textcoords='offset points')  # fmt: skip
     ax.axvspan(*paper, color='tab:red', alpha=0.12, label="the paper's drift")
     ax.axhline(0, color='grey', lw=0.5)
     ax.set(
         xscale='log',
         xlabel="drift ratio: at-risk final-loop RMS / perloop-raw's",
-        ylabel='at-risk gain, exit 1 to 4 (nats)',
+        ylabel='at-risk gain, exit 1 to K (nats)',
     )
     ax.legend(fontsize=7, loc='upper right')
     fig.tight_layout()
