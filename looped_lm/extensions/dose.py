@@ -127,7 +127,8 @@ def trained_points(records: list) -> dict:
 def draw_gain_vs_drift(curves: dict, points: dict, path=None, paper=PAPER_DRIFT, pilots=()):
     """The at-risk gain from exit 1 to K against the drift ratio: each seed's dosed curve (`curves.json`) from its
     B1200 ratio on, each trained arm of `points` (`trained_points`) as its seed mean with the seeds' range, `pilots`
-    (`choice.json`'s `measured`: one seed each, open markers, named) and the paper's drift shaded. Saved to `path`
+    (`choice.json`'s `measured`: one seed each, open markers, named; one without its at-risk gain is not drawn) and
+    the paper's drift shaded. Saved to `path`
     (PNG) when given; the figure."""
     if lost := [c['seed'] for c in curves['curves'] if c['seed'] not in points.get('B1200', {})]:
         raise ValueError(f"B1200 seeds {lost} have dosed curves but no trained point (its at-risk and perloop-raw "
@@ -142,6 +143,7 @@ def draw_gain_vs_drift(curves: dict, points: dict, path=None, paper=PAPER_DRIFT,
         err = lambda a: [[a.mean() - a.min()], [a.max() - a.mean()]]  # noqa: E731
         ax.errorbar(r.mean(), g.mean(), xerr=err(r), yerr=err(g), fmt=marker, color=color, ms=6, capsize=3,
                     label=f"{arm} trained (seeds {', '.join(map(str, seeds))})")  # fmt: skip
+    pilots = [p for p in pilots if p.get('at_risk_g_K') is not None]  # a pilot.json of before that number: not drawn
     for i, p in enumerate(pilots):  # descriptive: chosen on, one seed, another recipe each
         ax.plot(
             p['ratio'],
