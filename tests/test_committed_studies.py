@@ -558,6 +558,18 @@ def test_the_dose_pilots_rebuild_from_their_records(tmp_path):
         pred = predicted_gains(curves, p['ratio'], b1200)['mean']
         row = f"| {p['ratio']:,.0f}× | {p['at_risk_g_K']:.4f} | {pred:.4f} | {p['at_risk_g_K'] / pred:.2g} |"
         assert row in readme, (p['name'], row)
+    # the front README's dose sentence: the pilots' drift range, D range and trained-over-predicted range
+    front = ' '.join((FIGURES.parent / 'README.md').read_text().split())
+    pilots = json.loads((src / 'choice.json').read_text())['measured']
+    ratios, ds = [p['ratio'] for p in pilots], [p['D'] for p in pilots]
+    kept = [p['at_risk_g_K'] / predicted_gains(curves, p['ratio'], b1200)['mean'] for p in pilots]
+    assert max(ds) < 0.02, 'the README says no pilot keeps depth worth anything'
+    for said in (
+        f"drift {min(ratios):,.0f}–{max(ratios):,.0f}×",
+        f"D −{-max(ds):.2f} to −{-min(ds):.1f} nats",
+        f"keeps {min(kept):.0f}–{max(kept):.0f}× the gain",
+    ):
+        assert said in front, said
 
 
 def test_pilots_script_runs_the_named_pilots_alone(tmp_path, monkeypatch):

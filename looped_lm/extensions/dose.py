@@ -128,8 +128,7 @@ def draw_gain_vs_drift(curves: dict, points: dict, path=None, paper=PAPER_DRIFT,
     """The at-risk gain from exit 1 to K against the drift ratio: each seed's dosed curve (`curves.json`) from its
     B1200 ratio on, each trained arm of `points` (`trained_points`) as its seed mean with the seeds' range, `pilots`
     (`choice.json`'s `measured`: one seed each, open markers, named; one without its at-risk gain is not drawn) and
-    the paper's drift shaded. Saved to `path`
-    (PNG) when given; the figure."""
+    the paper's drift shaded. Saved to `path` (PNG) when given; the figure."""
     if lost := [c['seed'] for c in curves['curves'] if c['seed'] not in points.get('B1200', {})]:
         raise ValueError(f"B1200 seeds {lost} have dosed curves but no trained point (its at-risk and perloop-raw "
                          "records) to place them on the drift axis: publish those records first.")  # fmt: skip
