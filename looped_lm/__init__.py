@@ -20,7 +20,8 @@ from .measure.spec_checks import check_spec  # noqa: E402
 from .measure.hooks import from_hooks  # noqa: E402
 from .measure.diagnostics import DiagnosticReport, diagnose, diagnose_run  # noqa: E402
 from .studies.ablation import run_ablation  # noqa: E402
-from .studies.claims import claims_markdown, rebuild  # noqa: E402
+from .studies.claims import claims_markdown  # noqa: E402
+from .studies.runner import rebuild  # noqa: E402
 from .studies.figures import make_figures  # noqa: E402
 from .studies.runner import run_grid  # noqa: E402
 from .extensions.scaling import run_scaling  # noqa: E402

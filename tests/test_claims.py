@@ -4,14 +4,14 @@ Layout: the primary analysis over the paper's seven official conditions comes fi
 the study) second. Each claim fails when one member of its group fails it, in the section it speaks of. C2 tests the
 visibility lemma quantitatively (median per-token measured/exact, from diagnostics v5; older records: not measured),
 C4 is one claim per clamp mode, C5 is split into scale and tail shape (with the diagnostics' own heavy-tail cut), C7
-is the halting claim. Every table and claim is rebuilt byte-identical from the per-run records `runs.jsonl` alone.
+is the halting claim. Every table and claim is rebuilt byte-identical from the per-run records `records/` alone.
 All on synthetic records built by the fixtures' `synthetic_study` (04b_tables): no training.
 """
 
 import json
 import shutil
 import pytest
-from looped_lm.studies.variants import GROUPS
+from looped_lm.studies.variants import GROUPS, VARIANTS
 from looped_lm.studies.tables import read_run_records, run_record, table1, write_tables
 from looped_lm.studies.claims import (
     GATE_RUNS,
@@ -20,7 +20,7 @@ from looped_lm.studies.claims import (
     evaluate_claims,
     claims_markdown,
     measures,
-    rebuild,
+    rebuild_ablation,
     write_claims,
 )
 from looped_lm.measure.radial import unaligned_cos
@@ -168,22 +168,24 @@ def test_missing_diagnostics_or_failed_members_are_not_measured():
 
 
 def test_tables_and_claims_rebuild_byte_identical_from_run_records(tmp_path):
-    recs = synthetic_study(seeds=(0, 1, 2))
+    order = list(VARIANTS)
+    recs = sorted(synthetic_study(seeds=(0, 1, 2)), key=lambda r: (order.index(r['variant']), r['seed']))
     recs[4].update(status='failed', message='diverged at step 3', diag={})  # a failed run is recorded too
     made, again = tmp_path / 'made', tmp_path / 'again'
     made.mkdir()
     again.mkdir()
     write_tables(recs, made)
     cl = write_claims(recs, made)
-    shutil.copy(made / 'runs.jsonl', again / 'runs.jsonl')
-    assert rebuild(again) == cl
+    shutil.copytree(made / 'records', again / 'records')
+    assert rebuild_ablation(again) == cl
     files = sorted(p.relative_to(made) for p in made.rglob('*') if p.is_file())
-    assert {'claims.json', 'claims.md', 'runs.jsonl'} <= {str(f) for f in files} and len(files) > 20
+    assert {'claims.json', 'claims.md', 'records/perloop-raw-seed0.jsonl'} <= {str(f) for f in files}
+    assert len(files) > 20
     for f in files:
         assert (made / f).read_bytes() == (again / f).read_bytes(), f
-    lines = (made / 'runs.jsonl').read_text().splitlines()
+    lines = [x for f in (made / 'records').iterdir() for x in f.read_text().splitlines()]
     assert len(lines) == len(recs) and all('hist' not in line and 'run_dir' not in line for line in lines)
-    assert read_run_records(made) == [json.loads(json.dumps(run_record(r))) for r in recs]
+    assert read_run_records(made) == [json.loads(json.dumps(run_record(r))) for r in recs]  # in the study's row order
     assert json.loads((made / 'claims.json').read_text()) == cl
     head = (made / 'tables' / 'table1.csv').read_text().splitlines()[0].split(',')
     assert 'radial scale' in head and 'radial exact' in head and 'radial predicted' not in head
@@ -209,7 +211,7 @@ def test_a_not_measured_reason_is_said_once_in_claims_md():
 
 def test_missing_run_records_name_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match='rerun nbs/05_ablation.ipynb'):
-        rebuild(tmp_path)
+        rebuild_ablation(tmp_path)
 
 
 @pytest.mark.parametrize('gone', GROUPS['official'])

@@ -1,76 +1,94 @@
-"""Every committed study that carries per-run records (`figures/<study>/runs.jsonl`) rebuilds its tables, `claims.json`
-and `claims.md` from those records alone, byte-identical: each verdict of the README can be re-checked without
-retraining. A study without records is listed, so that the gap stays visible."""
+"""Every committed study rebuilds every table and verdict from its per-run records alone (`figures/<study>/records/`,
+named by its `study.json`), byte-identical, through the one `ll.rebuild`: each verdict of the README can be re-checked
+without retraining. A study without records is listed, so that the gap stays visible."""
 
+import json
 import shutil
 from pathlib import Path
 import pytest
 
 FIGURES = Path(__file__).resolve().parents[1] / 'figures'
-WITH_RECORDS = sorted(p.parent.name for p in FIGURES.glob('*/runs.jsonl'))
+PUBLISHED = sorted(  # every study folder with records, as a path under figures/
+    str(p.parent.relative_to(FIGURES))
+    for p in FIGURES.rglob('study.json')
+    if any((p.parent / 'records').glob('*.jsonl'))
+)
+WITH_RECORDS = sorted(
+    s for s in PUBLISHED if json.loads((FIGURES / s / 'study.json').read_text())['kind'] == 'ablation'
+)
 STUDIES = sorted(p.parent.name for p in FIGURES.glob('*/claims.json'))
+INPUTS = ('records', 'study.json', 'throughput.json')  # what a study is rebuilt from; the rest is what it rebuilds
+
+
+def run_records(study: str) -> list:
+    "An ablation's committed per-run records, in its row order."
+    from looped_lm.studies.tables import read_run_records
+
+    return read_run_records(FIGURES / study)
 
 
 def test_the_default_study_has_records():
     "The three-seed study of the default preset is the README's first column: it must be re-checkable."
-    missing = f"figures/cpu-3seeds/runs.jsonl is missing; studies with records: {WITH_RECORDS}"
-    assert 'cpu-3seeds' in WITH_RECORDS, missing
+    assert 'cpu-3seeds' in WITH_RECORDS, f"figures/cpu-3seeds/records is missing; studies with records: {WITH_RECORDS}"
 
 
-@pytest.mark.parametrize('study', WITH_RECORDS)
-def test_tables_and_claims_rebuild_from_the_committed_records(study, tmp_path):
-    from looped_lm.studies.claims import rebuild
+def test_no_study_keeps_the_old_record_files():
+    "Issue 57: one layout, `records/<run>.jsonl`; the ablation's `runs.jsonl` and scaling's `scaling.csv` are gone."
+    assert not [*FIGURES.rglob('runs.jsonl'), *FIGURES.rglob('scaling.csv')]
 
-    src = FIGURES / study
-    for name in ('runs.jsonl', 'throughput.json', 'study.json'):  # study.json: the preset, whose choice adds tags
-        if (src / name).exists():
-            shutil.copy(src / name, tmp_path / name)
-    rebuild(tmp_path)
-    committed = [src / 'claims.json', src / 'claims.md', *sorted((src / 'tables').glob('*'))]
-    assert len(committed) > 3, f"{src} holds no tables"
-    for p in committed:
-        rebuilt = tmp_path / p.relative_to(src)
-        assert rebuilt.exists(), f"rebuild() did not write {p.relative_to(src)}"
-        assert rebuilt.read_bytes() == p.read_bytes(), f"{study}: {p.relative_to(src)} differs from its rebuild"
+
+@pytest.fixture(scope='module')
+def records_only(tmp_path_factory) -> Path:
+    "Every committed study folder, copied with its records and `study.json` (and throughput) only."
+    root = tmp_path_factory.mktemp('figures')
+    for study in PUBLISHED:
+        for name in INPUTS:
+            src, dst = FIGURES / study / name, root / study / name
+            if src.is_dir():
+                shutil.copytree(src, dst)
+            elif src.is_file():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(src, dst)
+    return root
+
+
+def made_files(folder: Path) -> set:
+    "The tables and verdicts a study folder holds: its files and `tables/`, less its inputs, README and figures."
+    top = [p for p in folder.iterdir() if p.is_file() and p.name not in INPUTS and p.name != 'README.md']
+    made = [p for p in top if p.suffix in ('.md', '.json', '.csv')] + sorted((folder / 'tables').glob('*'))
+    return {str(p.relative_to(folder)) for p in made}
+
+
+@pytest.mark.parametrize('study', PUBLISHED)
+def test_every_committed_study_rebuilds_from_its_records(study, records_only):
+    """`ll.rebuild` on a copy holding only the records and `study.json` writes every table and verdict the study's
+    folder holds, byte-identical (R0 of a depth study reads the `cpu-3seeds` and `horizon-cpu` copies beside it); an
+    ablation's tables are committed as Markdown, their CSV and LaTeX twins are not."""
+    import looped_lm as ll
+
+    src, dst = FIGURES / study, records_only / study
+    ll.rebuild(dst)
+    committed, rebuilt = made_files(src), made_files(dst)
+    assert committed, f"{study} holds no tables"
+    assert committed <= rebuilt, sorted(committed - rebuilt)  # no committed table or verdict without its rebuild
+    assert all(n.startswith('tables/') and n.endswith(('.csv', '.tex')) for n in rebuilt - committed), study
+    for name in sorted(committed):
+        assert (dst / name).read_bytes() == (src / name).read_bytes(), f"{study}: {name} differs from its rebuild"
 
 
 def test_studies_without_records_are_the_known_ones():
     "Studies made before records were kept; each says so in its README. A new study must commit its records."
     assert sorted(set(STUDIES) - set(WITH_RECORDS)) == ['cpu-cosine-3seeds']
+    import looped_lm as ll
+
     assert 'no per-run records' in (FIGURES / 'cpu-cosine-3seeds' / 'README.md').read_text()
+    with pytest.raises(ll.ConfigError, match='holds no records'):
+        ll.rebuild(FIGURES / 'cpu-cosine-3seeds')
 
 
-DEPTH_STUDIES = sorted(p.parent.name for p in FIGURES.glob('depth-*/depth.md'))  # the depth study's own table
-WORTH_STUDIES = sorted(p.parent.name for p in FIGURES.glob('depth-worth*/worth.md'))
-
-
-@pytest.mark.parametrize('study', DEPTH_STUDIES)
-def test_depth_rules_and_tables_rebuild_from_the_committed_records(study, tmp_path):
-    "A depth study (nbs/06d_depth) rebuilds its rows, rules R0-R6 and claims from `records/` alone, byte-identical."
-    from looped_lm.extensions.depth import rebuild_depth
-
-    src, dst = FIGURES / study, tmp_path / study
-    shutil.copytree(src / 'records', dst / 'records')
-    rebuild_depth(dst, reference=FIGURES / 'cpu-3seeds' / 'runs.jsonl', horizon=FIGURES / 'horizon-cpu' / 'records')
-    committed = [src / 'depth.md', src / 'rules.json', src / 'rules.md', *sorted(src.glob('claims-*.md'))]
-    assert len(committed) > 4, f"{src} holds no claims per arm and step"
-    for p in committed:
-        rebuilt = dst / p.name
-        assert rebuilt.exists(), f"rebuild_depth() did not write {p.name}"
-        assert rebuilt.read_bytes() == p.read_bytes(), f"{study}: {p.name} differs from its rebuild"
-
-
-@pytest.mark.parametrize('study', WORTH_STUDIES)
-def test_worth_rules_and_tables_rebuild_from_the_committed_records(study, tmp_path):
-    "A depth-worth study (nbs/06e_worth) rebuilds its rows, rules R1-R5 and claims from `records/` alone, identical."
-    from looped_lm.extensions.worth import rebuild_worth
-
-    src, dst = FIGURES / study, tmp_path / study
-    shutil.copytree(src / 'records', dst / 'records')
-    rebuild_worth(dst)
-    committed = [src / 'worth.md', src / 'rules.json', src / 'rules.md', *sorted(src.glob('claims-*.md'))]
-    for p in committed:
-        assert (dst / p.name).read_bytes() == p.read_bytes(), f"{study}: {p.name} differs from its rebuild"
+def test_the_horizon_drift_law_is_not_carried_to_the_papers_clocks():
+    "Issue 32: the committed drift law is flagged not usable, so `drift.md` carries it to no clock of the paper."
+    assert "not carried to the paper's clocks" in (FIGURES / 'horizon-cpu' / 'drift.md').read_text()
 
 
 RULES_OF_WORTH = ('R1', 'R2', 'R2b', 'R5')
@@ -142,11 +160,11 @@ def gate_by_hand(runs: list) -> bool:
 
 @pytest.mark.parametrize('study', WITH_RECORDS)
 def test_evidence_tags_and_margin_sensitivity_follow_the_records(study):
-    """Recomputed here from `runs.jsonl` alone: C3 and C7 are tagged not testable exactly when the one gate fails
+    """Recomputed here from the records alone: C3 and C7 are tagged not testable exactly when the one gate fails
     (`gate_by_hand`: a study without a one-pass run cannot pass it); each claim has verdicts at ½, 1 and 2× margin."""
     import json
 
-    runs = [json.loads(x) for x in (FIGURES / study / 'runs.jsonl').read_text().splitlines() if x.strip()]
+    runs = run_records(study)
     claims = json.loads((FIGURES / study / 'claims.json').read_text())['primary']
     testable = gate_by_hand(runs)
     assert ('not testable' in claims['claims']['C3'].get('evidence', '')) != testable, study
@@ -197,40 +215,15 @@ def test_selected_for_and_transient_tags_follow_the_choice_record(study):
     assert not grows or 'transient' in tag('C6'), (study, fails, tag('C6'))
 
 
-def test_horizon_pages_rebuild_from_the_committed_records(tmp_path):
-    """Issue 32: the horizon study's table is rebuilt from `records/*.jsonl` alone, and its three analyses (per-run,
-    within-lr dose-response; collapse; drift law, with no carry for a law flagged not usable) from that table, byte-
-    identical to the committed pages."""
-    import dataclasses
-    import pandas as pd
-    from looped_lm.extensions.grid import read_records
-    from looped_lm.extensions.horizon import analyse, check_horizon, horizon_table, write_horizon
-
-    src = FIGURES / 'horizon-cpu'
-    records = [r for f in sorted((src / 'records').glob('*.jsonl')) for r in read_records(f)]
-    table = horizon_table(records)
-    committed = pd.read_csv(src / 'horizon.csv')
-    key = ['lr', 'variant', 'seed', 'step']
-    table, committed = (t.sort_values(key).reset_index(drop=True) for t in (table, committed))
-    pd.testing.assert_frame_equal(table[committed.columns], committed, check_exact=False, rtol=1e-9, check_dtype=False)
-    plan = check_horizon('cpu', tmp_path / 'cpu', tmp_path / 'figs', device='cpu', workers=1)
-    plan.out_dir.mkdir()
-    res = analyse(plan, committed)
-    write_horizon(dataclasses.replace(res, plan=plan))
-    for name in ('collapse.md', 'dose.md', 'drift.md'):
-        assert (plan.out_dir / name).read_text() == (src / name).read_text(), f"horizon-cpu/{name} differs"
-    assert "not carried to the paper's clocks" in (src / 'drift.md').read_text()
-
-
 @pytest.mark.parametrize('study', WITH_RECORDS)
 def test_clamp_verdicts_at_half_and_double_margin_follow_the_records(study):
-    """Issue 32: C4a/C4b's margin sensitivity recomputed from `runs.jsonl` without the claims code: per seed, the
+    """Issue 32: C4a/C4b's margin sensitivity recomputed from the records without the claims code: per seed, the
     largest |PPL@K ratio - 1| over the at-risk per-loop official variants against 2%, 1% and 0.5%; the seed mean on
     the seed-averaged ratios; reproduced = mean and every seed, partly = some, else not reproduced."""
     import json
     from looped_lm.studies.variants import VARIANTS
 
-    runs = [json.loads(x) for x in (FIGURES / study / 'runs.jsonl').read_text().splitlines() if x.strip()]
+    runs = run_records(study)
     ms = json.loads((FIGURES / study / 'claims.json').read_text())['primary']['margin_sensitivity']
     at = [
         v
@@ -450,11 +443,11 @@ def test_no_committed_claim_is_both_not_testable_and_given_another_verdict():
 def test_depth_worth_says_its_r2_was_foreseeable_from_the_choosing_seed():
     """Issue 54: B1200 was chosen from scaling-cpu's budget-2 point on seed 0, where C3 already failed (the at-risk
     gain from exit 1 to 4 above the penalty control's): the study's README tags R2 so, with the numbers recomputed."""
-    import csv
+    from looped_lm.extensions.scaling import published_rows
 
-    rows = {r['variant']: r for r in csv.DictReader(open(FIGURES / 'scaling-cpu' / 'scaling.csv'))
-            if r['point'] == 'budget-2' and r['seed'] == '0'}  # fmt: skip
-    at, pen = (float(rows[v]['gain']) for v in ('perloop-rmsnorm', 'perloop-penalty'))
+    rows = {r.variant: r for r in published_rows(FIGURES / 'scaling-cpu').itertuples()
+            if r.point == 'budget-2' and r.seed == 0}  # fmt: skip
+    at, pen = (float(rows[v].gain) for v in ('perloop-rmsnorm', 'perloop-penalty'))
     assert pen < 3 * at  # C3 fails on the choosing seed
     text = ' '.join((FIGURES / 'depth-worth' / 'README.md').read_text().split())
     assert f'gained {at:.4f} nats from exit 1 to 4 and `perloop-penalty` {pen:.4f}' in text

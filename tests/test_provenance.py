@@ -100,7 +100,7 @@ def test_the_hashed_code_is_every_module_the_code_uses(hashed, root):
 
 
 def test_a_run_record_names_the_machines_that_trained_and_measured_it(smoke_run, smoke_data, tmp_path):
-    """The ablation's run record (`collect` → `runs.jsonl`) carries the machine of the checkpoint's own state and the
+    """The ablation's run record (`collect` → `records/`) carries the machine of the checkpoint's own state and the
     one that measured it; the claims name them, and a record made before machines were kept says so."""
     import shutil
     from looped_lm.core.files import NO_MACHINE, machine_of

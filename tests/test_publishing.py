@@ -13,33 +13,33 @@ FIGURES = Path(__file__).resolve().parents[1] / 'figures'
 
 def test_an_unrun_scaling_grid_never_overwrites_the_committed_rows(tmp_path):
     "58.1: finishing the scaling grid where no run folder exists would turn 37 measured rows into 40 'missing' ones."
-    from looped_lm.extensions.scaling import Scaling, check_scaling, write_results
+    from looped_lm.extensions.scaling import Scaling, check_scaling, published_rows, write_results
 
     fig = tmp_path / 'fig'
     shutil.copytree(FIGURES / 'scaling-cpu', fig)
     before = {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()}
     plan = check_scaling('cpu', out_dir=tmp_path / 'out', fig_dir=fig)
-    unrun = pd.read_csv(fig / 'scaling.csv').assign(status='missing')
+    unrun = published_rows(fig).assign(status='missing')
     with pytest.raises(ConfigError, match='37 measured row'):
         write_results(Scaling(plan, unrun, {}, pd.DataFrame(), ''))
     assert {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()} == before  # nothing written
-    assert not (tmp_path / 'out' / 'scaling.csv').exists()
+    assert not (tmp_path / 'out' / 'records').exists()
 
 
 def test_a_committed_grid_folder_belongs_to_its_study(tmp_path):
     "58.5: the smoke-preset tiny grid published into a copy of figures/depth-worth is refused, nothing written."
-    from looped_lm.extensions.worth import WORTH, publish_worth
+    from looped_lm.extensions.worth import WORTH
 
     fig = tmp_path / 'depth-worth'
     shutil.copytree(FIGURES / 'depth-worth', fig)
     options = dict(max_batches=None, eval_tokens=8192)
     assert json.loads((fig / 'study.json').read_text()) == dict(
-        kind='depth', grid='worth', preset='cpu-cosine', options=options
+        kind='worth', grid='worth', preset='cpu-cosine', options=options
     )
     before = {p: p.read_bytes() for p in fig.rglob('*') if p.is_file()}
     plan = WORTH.check('worth-tiny', tmp_path / 'out', fig, 'cpu', 1)
     with pytest.raises(StudyFolderError, match="grid 'worth' there, 'worth-tiny' here"):
-        publish_worth(plan, WORTH.data(plan))
+        WORTH.finish(plan, WORTH.data(plan))
     assert {p: p.read_bytes() for p in fig.rglob('*') if p.is_file()} == before
 
 
@@ -47,7 +47,7 @@ def test_another_evaluation_budget_is_refused_before_any_work(tmp_path, monkeypa
     "58, study.json's options: the worth grid published with 2 evaluation windows into its folder is refused first."
     import dataclasses
     import looped_lm.extensions.depth as depth
-    from looped_lm.extensions.worth import WORTH, publish_worth
+    from looped_lm.extensions.worth import WORTH
 
     fig = tmp_path / 'depth-worth'
     shutil.copytree(FIGURES / 'depth-worth', fig)
@@ -56,7 +56,7 @@ def test_another_evaluation_budget_is_refused_before_any_work(tmp_path, monkeypa
     plan = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, max_batches=2))
     monkeypatch.setattr(depth, 'plan_records', lambda *a: pytest.fail('measured before the folder was checked'))
     with pytest.raises(StudyFolderError, match="options .*'max_batches': None.* there, .*'max_batches': 2"):
-        publish_worth(plan, None)
+        WORTH.finish(plan, None)
     assert {p: p.read_bytes() for p in fig.rglob('*') if p.is_file()} == before
 
 
@@ -129,7 +129,7 @@ def test_two_evaluation_budgets_in_one_folder_are_said_in_its_tables(tmp_path):
 
 def test_a_scaling_folder_belongs_to_its_grid(tmp_path):
     "58.5 for the scaling study: the tiny grid's table published into a copy of figures/scaling-cpu is refused."
-    from looped_lm.extensions.scaling import Scaling, check_scaling, write_results
+    from looped_lm.extensions.scaling import Scaling, check_scaling, published_rows, write_results
 
     fig = tmp_path / 'fig'
     shutil.copytree(FIGURES / 'scaling-cpu', fig)
@@ -140,7 +140,7 @@ def test_a_scaling_folder_belongs_to_its_grid(tmp_path):
     )
     before = {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()}
     plan = check_scaling('tiny', out_dir=tmp_path / 'out', fig_dir=fig)
-    table = pd.read_csv(fig / 'scaling.csv')
+    table = published_rows(fig)
     with pytest.raises(StudyFolderError, match="grid 'cpu' there, 'tiny' here"):
         write_results(Scaling(plan, table, {}, pd.DataFrame(), ''))
     assert {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()} == before  # nothing written

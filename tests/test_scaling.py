@@ -152,7 +152,7 @@ def test_tiny_grid_trains_once_and_reruns_nothing(tmp_path, smoke_data):
     assert (t[t.variant == AT_RISK].radial < 1e-3).all() and (t[t.variant == 'perloop-raw'].radial > 1e-2).all()
     assert set(t[t.point == 'K-2']['ppl@2'].notna()) == {True} and t[t.point == 'K-2']['ppl@3'].isna().all()
     assert sorted(p.name for p in draw_scaling(res)) == ['axes.pdf', 'axes.png', 'drift.pdf', 'drift.png']
-    assert pd.read_csv(tmp_path / 'scaling.csv').shape[0] == 12
+    assert len(list((tmp_path / 'records').glob('*.jsonl'))) == 12
     assert (tmp_path / 'reading.md').read_text() == res.reading + '\n' and AT_RISK in res.fits
     before = stamps(tmp_path)
     again = run_scaling('tiny', out_dir=tmp_path, progress=False)
@@ -184,7 +184,8 @@ def test_interrupted_point_resumes_and_stale_measurements_are_redone(tmp_path, s
 
 
 def test_the_committed_cpu_grid_reads_back_and_refits():
-    "figures/scaling-cpu/scaling.csv (3 digits) gives back the committed exponents, and a 95% band wider than ±1 s.e."
+    """figures/scaling-cpu/records (3 digits) refit within rounding of the fit made on the unrounded norms (b = 0.479,
+    quoted in its README), and the 95% band is wider than ±1 s.e. (growth.csv itself: the rebuild test)."""
     from looped_lm.studies.runner import repo_root
     from looped_lm.extensions.scaling import growth_table, published_table
 
@@ -192,10 +193,8 @@ def test_the_committed_cpu_grid_reads_back_and_refits():
     table = published_table(plan, folder)
     assert len(table) == 40 and (table.status == 'done').sum() == 37
     fits, growth = growth_table(table, plan)
-    committed = pd.read_csv(folder / 'growth.csv').set_index('variant')
-    for v, f in fits.items():
-        assert abs(f['exponent'] - committed.loc[v, 'exponent']) < 0.005 * max(1, abs(committed.loc[v, 'exponent']))
     f = fits[AT_RISK]
+    assert abs(f['exponent'] - 0.479) < 0.005 and 'b = 0.479 and 16,835' in (folder / 'README.md').read_text()
     assert 0.2 < f['ci95'][0] < f['exponent'] < f['ci95'][1] < 0.8
     assert growth.loc[AT_RISK, '95% from'] < growth.loc[AT_RISK, '-1 s.e.'] < growth.loc[AT_RISK, '+1 s.e.']
     assert growth.loc[AT_RISK, '+1 s.e.'] < growth.loc[AT_RISK, '95% to']

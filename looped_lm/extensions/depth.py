@@ -22,7 +22,8 @@ from ..measure.diagnostics import diagnose_trained, EVAL_TOKENS, MEASURING_CODE
 from ..measure.diagnostics import checkpoint_id, DIAG_VERSION
 from ..studies.variants import VARIANTS, GROUPS, Variant, check_seeds
 from ..studies.runner import check_device, check_workers, grid_dirs, job_data
-from ..studies.runner import GridStudy, plan_data, run_grid
+from ..studies.runner import GridStudy, plan_data, register_rebuild, run_grid
+from ..studies.tables import read_run_records
 from .grid import advance_kept, kept_dir, kept_records, load_kept, publish_records, read_records
 from .grid import record_once
 
@@ -729,12 +730,16 @@ def write_depth(folder, records: list, reference=None, horizon=None) -> dict:
 # %% ../../nbs/06d_depth.ipynb #c07e0753
 def rebuild_depth(folder, reference=None, horizon=None) -> dict:
     """Every table and rule of a depth study rebuilt from its `records/` alone; R0 reads the committed `cpu-3seeds`
-    and `horizon-cpu` folders beside it (or `reference`, `horizon`) when they are there."""
+    and `horizon-cpu` studies beside it (or the study folder `reference` and the records folder `horizon`) when they
+    are there."""
     folder = Path(folder)
-    ref = Path(reference) if reference else folder.parent / 'cpu-3seeds' / 'runs.jsonl'
+    ref = Path(reference) if reference else folder.parent / 'cpu-3seeds'
     hz = Path(horizon) if horizon else folder.parent / 'horizon-cpu' / 'records'
-    refs = [json.loads(x) for x in ref.read_text().splitlines() if x.strip()] if ref.is_file() else None
+    refs = read_run_records(ref) if any((ref / 'records').glob('*.jsonl')) else None
     return write_depth(folder, read_depth_records(folder), refs, hz if hz.is_dir() else None)
+
+
+register_rebuild('depth', rebuild_depth)
 
 # %% ../../nbs/06d_depth.ipynb #1b5ca94e
 def plan_records(plan: DepthPlan, data) -> list:
@@ -743,12 +748,15 @@ def plan_records(plan: DepthPlan, data) -> list:
     return kept_records(plan.jobs, RECORDS, lambda j, ck: depth_key(ck, j.cfg, data, *measured))
 
 # %% ../../nbs/06d_depth.ipynb #56511372
-def publish_depth(plan: DepthPlan, data, states: list = None, rebuild=None, remove_stale: bool = False) -> list:
+def publish_depth(
+    plan: DepthPlan, data, states: list = None, rebuild=None, remove_stale: bool = False, kind: str = 'depth'
+) -> list:
     """Every run's current records published and the tables rebuilt (`rebuild(fig_dir)`, default `rebuild_depth`); the
     records. Called under the study lock: what a finished grid ends with and what an interrupted one publishes. A
-    published step no run folder here reproduces is kept, and named (`publish_records`)."""
+    published step no run folder here reproduces is kept, and named (`publish_records`). `kind`: the study's, as its
+    `study.json` names it (what `rebuild` reads)."""
     fig, options = Path(plan.fig_dir), dict(max_batches=plan.spec.max_batches, eval_tokens=plan.spec.eval_tokens)
-    own_folder(fig, dict(kind='depth', grid=plan.grid, preset=plan.spec.preset, options=options))  # before any work
+    own_folder(fig, dict(kind=kind, grid=plan.grid, preset=plan.spec.preset, options=options))  # before any work
     records = plan_records(plan, data)
     removed = publish_records(plan.jobs, records, fig, remove_stale)
     if any((fig / 'records').glob('*.jsonl')):  # every table and rule from the records the folder holds now
@@ -791,10 +799,11 @@ def run_depth(grid='tiny', **kw) -> list:
 
 
 def depth_study(name: str, grids: dict, rebuild) -> GridStudy:
-    "A depth study of its own `grids`, run and published as `DEPTH`, its tables rebuilt by `rebuild(folder)`."
-    return dataclasses.replace(
-        DEPTH, name=name, check=partial(check_depth, grids=grids), finish=partial(publish_depth, rebuild=rebuild)
-    )
+    """A depth study of its own `grids`, run and published as `DEPTH` under the kind `name`, its tables rebuilt by
+    `rebuild(folder)` (registered for `rebuild`)."""
+    register_rebuild(name, rebuild)
+    finish = partial(publish_depth, rebuild=rebuild, kind=name)
+    return dataclasses.replace(DEPTH, name=name, check=partial(check_depth, grids=grids), finish=finish)
 
 # %% ../../nbs/06d_depth.ipynb #66f484e8
 def study_rows(folder) -> pd.DataFrame:

@@ -20,8 +20,16 @@ from pathlib import Path
 from ..core.config import ExperimentConfig, ConfigError, load_preset, named_choice
 from ..training.train import lr_at, resolve_device, train
 from ..studies.variants import GROUPS, check_variants, check_seeds
-from ..studies.runner import GridStudy, check_device, check_workers, grid_dirs, job_data, run_grid
-from ..core.files import write_atomic, source_hash
+from looped_lm.studies.runner import (
+    GridStudy,
+    check_device,
+    check_workers,
+    grid_dirs,
+    job_data,
+    register_rebuild,
+    run_grid,
+)
+from ..core.files import own_folder, write_atomic, source_hash
 from ..measure.halting import loop_scores, adaptive_halting
 from ..measure.diagnostics import norm_stats, clamp_modes, checkpoint_id, DIAG_VERSION, MEASURING_CODE
 from ..measure.radial import radial_fractions_as_trained
@@ -29,14 +37,23 @@ from ..measure.protocol import as_spec
 from ..studies.tables import to_markdown
 from ..studies.claims import HALT_POLICY, measures
 from .scaling import add_c6, token_budgets, train_flops
-from .grid import advance_kept, keep_checkpoint, kept_dir, kept_records, load_kept, record_once
+from looped_lm.extensions.grid import (
+    advance_kept,
+    keep_checkpoint,
+    kept_dir,
+    kept_records,
+    load_kept,
+    publish_records,
+    read_records,
+    record_once,
+)
 
 # %% auto #0
 __all__ = ['PAPER_LR', 'PAPER_BATCH_TOKENS', 'PAPER_STEPS', 'PAPER_WIDTH', 'CLOCKS', 'PAPER_CLOCK', 'PAPER_DRIFT_RMS',
            'HORIZON_GRIDS', 'HORIZON_VERSION', 'RECORDS', 'NOT_CARRIED', 'HORIZON_MD', 'HORIZON', 'synthetic_horizon',
            'collapse_test', 'dose_response', 'drift_law', 'clock_of', 'HorizonGrid', 'checkpoint_steps',
            'check_horizon', 'horizon_key', 'horizon_table', 'Horizon', 'analyse', 'drift_markdown', 'write_horizon',
-           'finish_horizon', 'run_horizon']
+           'horizon_identity', 'rebuild_horizon', 'finish_horizon', 'run_horizon']
 
 # %% ../../nbs/06c_horizon.ipynb #2b9b5d3c
 PAPER_LR = 3e-4  # the official constant learning rate (44M and 129M)
@@ -629,11 +646,37 @@ def write_horizon(res: Horizon):
         write_atomic(out / f'{name}.md', to_markdown(df) if len(df) else 'no result yet\n')
     write_atomic(out / 'drift.md', drift_markdown(res.law))
 
+# %% ../../nbs/06c_horizon.ipynb #530366af
+def horizon_identity(plan: HorizonPlan) -> dict:
+    "What a published horizon folder's `study.json` says it holds: the kind, grid, preset and measurement budgets."
+    options = dict(measure_tokens=plan.spec.measure_tokens, radial_tokens=plan.spec.radial_tokens)
+    return dict(kind='horizon', grid=plan.grid, preset=plan.spec.preset, options=options)
+
+
+def rebuild_horizon(folder) -> Horizon:
+    """The table and the three analyses of a published horizon study rebuilt from its `records/` alone (the grid its
+    `study.json` names gives the checkpoint steps the drift law splits at), written into `folder`."""
+    folder = Path(folder)
+    plan = check_horizon(json.loads((folder / 'study.json').read_text())['grid'], folder, folder, 'cpu', 1)
+    records = [r for f in sorted((folder / 'records').glob('*.jsonl')) for r in read_records(f)]
+    res = analyse(plan, horizon_table(records))
+    write_horizon(res)
+    return res
+
+
+register_rebuild('horizon', rebuild_horizon)
+
 # %% ../../nbs/06c_horizon.ipynb #732d904e
 def finish_horizon(plan: HorizonPlan, data, states: list) -> Horizon:
-    "The study's end, under its lock: the table of every current record, its three analyses, written to `out_dir`."
-    res = analyse(plan, horizon_table(plan_records(plan, data)), states)
+    """The study's end, under its lock: the table of every current record and its three analyses, written to `out_dir`;
+    the records published into `fig_dir` (`records/`, beside its `study.json`) and its pages rebuilt from them."""
+    own_folder(plan.fig_dir, horizon_identity(plan))  # before any work: never into another study's folder
+    records = plan_records(plan, data)
+    res = analyse(plan, horizon_table(records), states)
     write_horizon(res)
+    publish_records(plan.jobs, records, plan.fig_dir)
+    if Path(plan.fig_dir) != Path(plan.out_dir):
+        rebuild_horizon(plan.fig_dir)
     return res
 
 

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import dataclasses
 import pandas as pd
-from ..core.files import write_atomic, source_hash, own_folder
+from ..core.files import read_json_lines, write_atomic, source_hash, own_folder
 from ..training.rundir import load_run, RunDirError, read_json, latest_checkpoint, run_status
 from looped_lm.measure.diagnostics import (
     eval_exits,
@@ -36,7 +36,8 @@ from ..model.looped import LoopedLM, num_params
 from ..training.train import train, TrainingError, resolve_device
 from ..studies.variants import VARIANTS, check_variants, check_seeds
 from ..studies.tables import to_markdown
-from ..studies.runner import GridStudy, check_device, grid_dirs, job_data, run_grid
+from ..studies.runner import GridStudy, check_device, grid_dirs, job_data, register_rebuild, run_grid
+from ..studies.runner import write_records
 from .growth import fit_growth, growth_row, fit_sentence, carry_sentence
 import matplotlib.pyplot as plt
 import seaborn as sns
@@ -48,8 +49,8 @@ from .growth import PAPER_DRIFT, PAPER_TOKENS
 # %% auto #0
 __all__ = ['REFERENCE', 'SCALING_VERSION', 'MD_COLUMNS', 'SCALING', 'scaling_points', 'Grid', 'train_flops', 'estimate_seconds',
            'measure_key', 'read_measure', 'measure_run', 'check_scaling', 'add_c6', 'scaling_table', 'growth_table',
-           'reading', 'Scaling', 'write_results', 'finish_scaling', 'token_budgets', 'run_scaling', 'published_table',
-           'fig_scaling_axes', 'draw_scaling']
+           'reading', 'Scaling', 'write_pages', 'write_results', 'finish_scaling', 'token_budgets', 'run_scaling',
+           'published_table', 'rebuild_scaling', 'fig_scaling_axes', 'draw_scaling']
 
 # %% ../../nbs/06a_scaling.ipynb #9e3cef37
 CONTROLS = ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty')  # its scale-controlled counterparts
@@ -640,35 +641,48 @@ MD_COLUMNS = [
 ]
 
 # %% ../../nbs/06a_scaling.ipynb #sca0kep1
+def published_rows(folder) -> pd.DataFrame:
+    "The rows a scaling folder publishes, one per run (`records/<run>.jsonl`), as a frame; empty when it has none."
+    rows = [r for p in sorted((Path(folder) / 'records').glob('*.jsonl')) for r in read_json_lines(p)]
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=['point', 'variant', 'seed', 'status'])
+
+
 def kept_measured(table: pd.DataFrame, folder) -> None:
     """Refuse, before anything is written, a table that would replace a measured row of the one published in `folder`
     by one not measured here (a fresh clone without run folders, another out_dir): nothing measured is ever lost."""
-    path = Path(folder) / 'scaling.csv'
-    old = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=['point', 'variant', 'seed', 'status'])
+    old = published_rows(folder)
     row = lambda df: set(zip(df.point, df.variant, df.seed.astype(int)))  # noqa: E731
     if lost := sorted(row(old[old.status == 'done']) - row(table[table.status == 'done'])):
         raise ConfigError(
-            f"{path} holds {len(lost)} measured row(s) that no run folder here measures (e.g. {lost[0]}): run the "
-            "study where its run folders are (its out_dir), or publish into another fig_dir. Nothing was written."
+            f"{Path(folder) / 'records'} holds {len(lost)} measured row(s) that no run folder here measures (e.g. "
+            f"{lost[0]}): run the study where its run folders are (its out_dir), or publish into another fig_dir. "
+            "Nothing was written."
         )
 
 # %% ../../nbs/06a_scaling.ipynb #665085cd
+def write_pages(folder, table: pd.DataFrame, growth: pd.DataFrame):
+    "`scaling.md` (the table, to read) and `growth.csv`/`.md` (none left over when there is no fit) into `folder`."
+    md = table.set_index(['point', 'variant', 'seed'])[[c for c in MD_COLUMNS if c in table]]
+    write_atomic(folder / 'scaling.md', to_markdown(md))
+    for name, text in (('growth.csv', growth.to_csv()), ('growth.md', to_markdown(growth))):
+        if len(growth):
+            write_atomic(folder / name, text)
+        else:
+            (folder / name).unlink(missing_ok=True)  # never left over from an earlier study of this folder
+
+
 def write_results(res: Scaling):
-    "Per-run table (CSV: every column; Markdown: for reading), fits and reading, in the study folder and the figures'."
+    "The per-run records (`records/`, every column), the pages and the reading, in the study folder and the figures'."
     out, t, spec = res.plan.out_dir, res.table, res.plan.spec
     options = dict(measure_tokens=spec.measure_tokens, radial_tokens=spec.radial_tokens)  # its evaluation budget
     own_folder(res.plan.fig_dir, dict(kind='scaling', grid=res.plan.grid, preset=spec.preset, options=options))
     kept_measured(t, res.plan.fig_dir)  # the published folder (committed) never loses a measured row
-    md = t.set_index(['point', 'variant', 'seed'])[[c for c in MD_COLUMNS if c in t]]
+    none = lambda v: None if isinstance(v, float) and np.isnan(v) else v  # noqa: E731  (JSON has no NaN)
+    rows = [{k: none(v) for k, v in r.items()} for r in t.to_dict('records')]
+    runs = {f"{r['point']}-{r['variant']}-seed{r['seed']}": [r] for r in rows}
     for folder in dict.fromkeys([out, Path(res.plan.fig_dir)]):  # a published grid's folder (committed) holds them too
-        folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(folder / 'scaling.csv', t.to_csv(index=False))
-        write_atomic(folder / 'scaling.md', to_markdown(md))
-        for name, text in (('growth.csv', res.growth.to_csv()), ('growth.md', to_markdown(res.growth))):
-            if len(res.growth):
-                write_atomic(folder / name, text)
-            else:
-                (folder / name).unlink(missing_ok=True)  # never left over from an earlier study of this folder
+        write_records(folder, runs)
+        write_pages(folder, t, res.growth)
     write_atomic(out / 'reading.md', res.reading + '\n')
 
 # %% ../../nbs/06a_scaling.ipynb #b7c1d2ea
@@ -708,17 +722,32 @@ def run_scaling(grid='tiny', **kw) -> Scaling:
 
 # %% ../../nbs/06a_scaling.ipynb #5637287c
 def published_table(plan: ScalingPlan, folder) -> pd.DataFrame:
-    "A grid's committed per-run record `scaling.csv` in `folder` as `scaling_table` gives it, with the plan's columns."
-    path = Path(folder) / 'scaling.csv'
-    if not path.is_file():
-        raise ConfigError(f"{path} does not exist: pass the folder a grid's figures were written to (`fig_dir`).")
-    df = pd.read_csv(path)
-    jobs = {(j.point.name, j.variant, j.seed): j for j in plan.jobs}
-    found = [jobs.get(k) for k in zip(df.point, df.variant, df.seed)]
-    if None in found:
-        raise ConfigError(f"{path} lists runs that the {plan.grid} grid does not have; pass its own grid.")
+    """A grid's published per-run records (`folder/records/`) as `scaling_table` gives them: in the plan's order, with
+    the plan's columns."""
+    df, order = published_rows(folder), {(j.point.name, j.variant, j.seed): i for i, j in enumerate(plan.jobs)}
+    if not len(df):
+        raise ConfigError(f"{Path(folder) / 'records'} holds no records: pass the folder a grid was published to.")
+    keys = list(zip(df.point, df.variant, df.seed))
+    if unknown := [k for k in keys if k not in order]:
+        raise ConfigError(f"{folder} holds runs the {plan.grid} grid does not have ({unknown[0]}); pass its own grid.")
+    df = df.iloc[sorted(range(len(df)), key=lambda i: order[keys[i]])].reset_index(drop=True)
+    found = [plan.jobs[order[k]] for k in zip(df.point, df.variant, df.seed)]
     params = [num_params(LoopedLM(LoopedLMConfig.from_experiment(j.cfg))) for j in found]
     return df.assign(axis=[j.point.axis for j in found], value=[j.point.value for j in found], params=params)
+
+# %% ../../nbs/06a_scaling.ipynb #9066df6d
+def rebuild_scaling(folder) -> pd.DataFrame:
+    """`scaling.md` and `growth.csv`/`.md` of a published grid rebuilt from its `records/` alone (the grid and centre
+    its `study.json` names); the growth table."""
+    identity = json.loads((Path(folder) / 'study.json').read_text())
+    plan = check_scaling(identity['grid'], folder, folder, 'cpu', preset=identity['preset'])
+    table = published_table(plan, folder)
+    growth = growth_table(table, plan)[1]
+    write_pages(Path(folder), table, growth)
+    return growth
+
+
+register_rebuild('scaling', rebuild_scaling)
 
 # %% ../../nbs/06a_scaling.ipynb #ffa69785
 def _trajectory(run_dir) -> tuple:

@@ -12,19 +12,18 @@ from ..core.files import write_atomic
 from ..studies.claims import GATE, claims_markdown
 from ..studies.tables import to_markdown
 import dataclasses
-from functools import partial
 from ..studies.runner import run_grid
 from ..studies.variants import Variant
 import math
-from .depth import DEPTH, DepthGrid, check_depth, depth_row, depth_table, publish_depth
+from .depth import DepthGrid, depth_row, depth_table
 from .depth import read_depth_records, rule_r1, mixed_lines
 from .depth import official_claims, ROW_COLUMNS, AT_RISK_V, PER_LOOP_CONTROLS
 from .depth import missing_runs, not_measured, RULE_KINDS, depth_study
 
 # %% auto #0
 __all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'WORTH', 'ONE_PASS_PENALTY', 'REFERENCE_GRIDS', 'REFERENCE_NUMBERS',
-           'WORTH_REFERENCE', 'worth_rules', 'write_worth', 'rebuild_worth', 'publish_worth', 'run_worth',
-           'reference_rows', 'reference_markdown', 'write_reference', 'run_reference']
+           'WORTH_REFERENCE', 'worth_rules', 'write_worth', 'rebuild_worth', 'run_worth', 'reference_rows',
+           'reference_markdown', 'write_reference', 'run_reference']
 
 # %% ../../nbs/06e_worth.ipynb #wor00007
 WORTH_VARIANTS = (
@@ -182,18 +181,15 @@ def write_worth(folder, records: list, seeds=(1, 2, 3)) -> dict:
     return rules
 
 
-def rebuild_worth(folder, seeds=(1, 2, 3)) -> dict:
-    "Every table and rule of a depth-worth study rebuilt from its `records/` alone (`seeds`: the design's)."
+def rebuild_worth(folder, seeds=None) -> dict:
+    """Every table and rule of a depth-worth study rebuilt from its `records/` alone; `seeds`: the design's (default:
+    those of the grid its `study.json` names)."""
+    if seeds is None:
+        seeds = WORTH_GRIDS[json.loads((Path(folder) / 'study.json').read_text())['grid']].seeds
     return write_worth(folder, read_depth_records(folder), seeds)
 
 # %% ../../nbs/06e_worth.ipynb #wor00020b
-def publish_worth(plan, data, states: list = None, remove_stale: bool = False) -> list:
-    "`publish_depth` with the worth study's tables (`rebuild_worth` over the plan's seeds): how `WORTH` ends."
-    rebuild = lambda folder: rebuild_worth(folder, plan.spec.seeds)  # noqa: E731
-    return publish_depth(plan, data, states, rebuild=rebuild, remove_stale=remove_stale)
-
-
-WORTH = dataclasses.replace(DEPTH, name='worth', check=partial(check_depth, grids=WORTH_GRIDS), finish=publish_worth)
+WORTH = depth_study('worth', WORTH_GRIDS, rebuild_worth)  # published as the kind `worth`, rebuilt by `rebuild_worth`
 
 
 def run_worth(grid='worth-tiny', **kw) -> list:

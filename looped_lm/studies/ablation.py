@@ -375,7 +375,8 @@ def publish(records, st: Study, throughput=None) -> Ablation:
         json.dumps([{k: v for k, v in r.items() if k != 'diag'} for r in records], indent=1),
     )
     write_atomic(
-        st.study_dir / 'study.json', json.dumps(dict(preset=st.preset, variants=st.variants, seeds=st.seeds), indent=1)
+        st.study_dir / 'study.json',
+        json.dumps(dict(kind='ablation', preset=st.preset, variants=st.variants, seeds=st.seeds), indent=1),
     )
     tables, skipped = write_tables(records, st.study_dir, throughput)
     claims = write_claims(records, st.study_dir)

@@ -19,12 +19,12 @@ from ..core.formats import format_number
 from ..measure.diagnostics import HEAVY_TAIL_HILL
 from .variants import VARIANTS, GROUPS
 from .tables import dig, md_cell, read_run_records, read_throughput, write_tables
-from .runner import repo_root
+from .runner import register_rebuild, repo_root
 
 # %% auto #0
 __all__ = ['MARGINS', 'HALT_POLICY', 'CLAMP_MODES', 'LEMMA_FIELDS', 'CLAIMS', 'CHECKS', 'REFERENCE', 'GATE', 'GATE_RUNS',
            'GATE_FAILS', 'measures', 'Claim', 'depth_gate', 'preregistration', 'evaluate_claims', 'claims_markdown',
-           'write_claims', 'rebuild']
+           'write_claims', 'rebuild_ablation']
 
 # %% ../../nbs/04c_claims.ipynb #41a37bd4
 MARGINS = dict(
@@ -897,8 +897,11 @@ def write_claims(records, study_dir, preset: str = None) -> dict:
     return cl
 
 # %% ../../nbs/04c_claims.ipynb #8ec4b084
-def rebuild(study_dir) -> dict:
-    "Every table, `claims.json` and `claims.md` of a study rebuilt from its `runs.jsonl` alone (+ `throughput.json`)."
+def rebuild_ablation(study_dir) -> dict:
+    "Every table, `claims.json` and `claims.md` of an ablation rebuilt from its `records/` alone (+ `throughput.json`)."
     records = read_run_records(study_dir)
     write_tables(records, study_dir, read_throughput(study_dir))
     return write_claims(records, study_dir)
+
+
+register_rebuild('ablation', rebuild_ablation)

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from ..core.config import DEVICES, ConfigError, settings_path
 from ..training.data import prepare_data
-from ..core.files import dir_lock, LockedError
+from ..core.files import dir_lock, LockedError, write_atomic
 import json
 import math
 import shutil
@@ -32,11 +32,12 @@ from ..training.text import SPLITS
 from ..training.rundir import run_status, RunDirError, latest_checkpoint
 
 # %% auto #0
-__all__ = ['STUDY_LOCK_WAIT', 'GPU_BENCH', 'EXECUTORS', 'repo_root', 'repo_relative', 'check_folder', 'default_workers',
-           'check_device', 'check_workers', 'grid_dirs', 'WorkerError', 'spawn_refusal', 'check_spawn_guard',
-           'job_data', 'check_lock_wait', 'study_lock', 'work_when_free', 'run_jobs', 'plan_data', 'GridStudy',
-           'finish_grid', 'import_work', 'check_options', 'run_grid', 'load_bench', 'data_key', 'cache_files',
-           'prepare_once', 'DataNotReady', 'check_executor', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
+__all__ = ['STUDY_LOCK_WAIT', 'REBUILDERS', 'GPU_BENCH', 'EXECUTORS', 'repo_root', 'repo_relative', 'check_folder',
+           'default_workers', 'check_device', 'check_workers', 'grid_dirs', 'WorkerError', 'spawn_refusal',
+           'check_spawn_guard', 'job_data', 'check_lock_wait', 'study_lock', 'work_when_free', 'run_jobs', 'plan_data',
+           'GridStudy', 'finish_grid', 'import_work', 'check_options', 'run_grid', 'register_rebuild', 'rebuild',
+           'write_records', 'load_bench', 'data_key', 'cache_files', 'prepare_once', 'DataNotReady', 'check_executor',
+           'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
 
 # %% ../../nbs/04a_runner.ipynb #ae478dee
 def repo_root() -> Path:
@@ -411,6 +412,48 @@ def run_grid(
         print(f"{study.name} study {plan.grid}: {study.describe(plan)}", flush=True)
     states = run_plan_jobs(plan, work, data, data_dir, lock_wait, progress, **study.fields(plan))
     return finish_grid(study, plan, data, states)
+
+# %% ../../nbs/04a_runner.ipynb #b91b325c
+REBUILDERS = {}  # a study's kind (the "kind" of its study.json) -> rebuild(folder), registered by the kind's chapter
+
+
+def register_rebuild(kind: str, rebuild: Callable) -> Callable:
+    "Make `rebuild(folder)` the way a published study of `kind` is rebuilt; `rebuild` returned."
+    REBUILDERS[kind] = rebuild
+    return rebuild
+
+
+def rebuild(folder):
+    """Every table and verdict of the published study in `folder` rebuilt from its `records/` alone, by the rebuild its
+    `study.json`'s kind registered; what that gives (the verdicts). A folder that cannot be rebuilt names why."""
+    folder = Path(folder)
+    meta = folder / 'study.json'
+    try:
+        identity = json.loads(meta.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"{meta} cannot be read ({e}): pass a published study's folder (it names its kind)."
+        ) from None
+    kind = identity.get('kind', 'ablation')  # an ablation published before study.json named its kind
+    if kind not in REBUILDERS:
+        known = ', '.join(sorted(REBUILDERS))
+        raise ConfigError(f"{meta} names kind {kind!r}, which no chapter rebuilds; kinds: {known}.")
+    if not any((folder / 'records').glob('*.jsonl')):
+        raise ConfigError(f"{folder / 'records'} holds no records: a study published without them cannot be rebuilt.")
+    return REBUILDERS[kind](folder)
+
+# %% ../../nbs/04a_runner.ipynb #3516049d
+def write_records(folder, runs: dict) -> Path:
+    """`folder/records/<run>.jsonl` for each run of `runs` ({run name: its records, one JSON line each}), each file
+    written atomically, and no other: the file of a run not in `runs` is removed (never read with the fresh ones)."""
+    out = Path(folder) / 'records'
+    out.mkdir(parents=True, exist_ok=True)
+    for name, recs in runs.items():
+        write_atomic(out / f'{name}.jsonl', ''.join(json.dumps(r) + '\n' for r in recs))
+    for p in out.glob('*.jsonl'):
+        if p.stem not in runs:
+            p.unlink()
+    return out
 
 # %% ../../nbs/04a_runner.ipynb #3d68c1f1
 GPU_BENCH = Path('benchmarks') / 'results' / 'gpu.json'
