@@ -19,9 +19,9 @@ from .measure.protocol import LoopSpec, LoopSpecError, PaddedTokens, run_loops  
 from .measure.spec_checks import check_spec  # noqa: E402
 from .measure.hooks import from_hooks  # noqa: E402
 from .measure.diagnostics import DiagnosticReport, diagnose, diagnose_run  # noqa: E402
-from .studies.ablation import run_ablation  # noqa: E402
+from .studies.ablation import run_ablation, table_markdown  # noqa: E402
 from .studies.claims import claims_markdown  # noqa: E402
-from .studies.runner import rebuild  # noqa: E402
+from .studies.runner import StudyResult, rebuild  # noqa: E402
 from .studies.figures import make_figures  # noqa: E402
 from .studies.runner import run_grid  # noqa: E402
 from .extensions.scaling import run_scaling  # noqa: E402
@@ -69,6 +69,8 @@ __all__ = [
     'diagnose',
     'diagnose_run',
     'run_ablation',
+    'table_markdown',
+    'StudyResult',
     'claims_markdown',
     'rebuild',
     'make_figures',

@@ -24,7 +24,7 @@ def publish_measured(grid: str, out_dir, device: str, remove_stale: bool = False
     """Publish the records of the runs already measured, training nothing: what an interrupted grid finished. A
     published record no run folder here reproduces is kept as it was, and named; `remove_stale` drops runs redone."""
     plan = WORTH.check(grid, out_dir, None, device, 1)
-    records = finish_grid(WORTH, plan, WORTH.data(plan), remove_stale=remove_stale)
+    records = finish_grid(WORTH, plan, WORTH.data(plan), remove_stale=remove_stale).records
     print(f"published {len(records)} of {len(plan.jobs)} runs' records into {plan.fig_dir}")
     return records
 
@@ -42,5 +42,5 @@ if __name__ == '__main__':
     if a.publish_only:
         recs = publish_measured(a.grid, a.out_dir, a.device, a.remove_stale)
     else:
-        recs = run_worth(a.grid, out_dir=a.out_dir, device=a.device, workers=a.workers)
+        recs = run_worth(a.grid, out_dir=a.out_dir, device=a.device, workers=a.workers).records
     print(f"{len(recs)} records in {time.time() - t0:.0f} s on {recs[0]['machine'] if recs else 'no machine'}")

@@ -73,10 +73,10 @@ def test_cpu_plan(tmp_path):
     plan = check_horizon('cpu', out_dir=tmp_path / 'cpu')
     assert len(plan.jobs) == 27 and not (tmp_path / 'cpu').exists()
     assert {j.cfg.schedule for j in plan.jobs} == {'constant'} and {j.cfg.steps for j in plan.jobs} == {3000}
-    low = [j for j in plan.jobs if j.lr == 3e-3]
+    low = [j for j in plan.jobs if j.cell == 3e-3]
     assert sorted({j.variant for j in low}) == ['perloop-raw', 'perloop-rmsnorm'] and len(low) == 6
     assert plan.jobs[0].steps == (50, 100, 200, 400, 800, 1600, 3000)
-    hi = next(j for j in plan.jobs if j.lr == 1e-2)
+    hi = next(j for j in plan.jobs if j.cell == 1e-2)
     assert clock_of(hi.cfg, 3000)['lr_steps'] == pytest.approx(30.0)
     with pytest.raises(ConfigError, match='Unknown grid'):
         check_horizon('nope')
@@ -175,12 +175,16 @@ def tiny(tmp_path_factory, test_env):
 @pytest.mark.corpus
 def test_tiny_grid_end_to_end(tiny, smoke_data, tmp_path):
     out, res = tiny
-    t = res.table
-    assert set(res.states) == {'done'} and len(res.plan.jobs) == 8
+    t = res.tables['runs']
+    assert set(res.notes['states']) == {'done'} and len(res.plan.jobs) == 8
     assert len(t) == 8 * 4 and t.groupby(['lr', 'variant', 'seed']).step.apply(tuple).map((4, 8, 16, 32).__eq__).all()
     assert np.allclose(t.lr_steps, t.step * t.lr) and t.radial.between(0, 1).all() and (t.norm > 0).all()
     assert t[t.variant == AT_RISK].c6.isna().all() and t[t.variant != AT_RISK].c6.notna().all()
-    assert len(res.collapse) == 2 and {'gain', 'c6'} <= set(res.dose.index.get_level_values(0)) and res.law is not None
+    assert (
+        len(res.tables['collapse']) == 2
+        and {'gain', 'c6'} <= set(res.tables['dose'].index.get_level_values(0))
+        and res.notes['law'] is not None
+    )
     for f in ('horizon.csv', 'horizon.md', 'collapse.md', 'dose.md', 'drift.md'):
         assert (out / f).stat().st_size > 0
     j = res.plan.jobs[0]
@@ -197,7 +201,7 @@ def test_tiny_rerun_stale_and_missing(tiny, smoke_data):
     before = stamp()
     again = run_horizon('tiny', out_dir=out, progress=False)
     assert stamp() == before
-    pd.testing.assert_frame_equal(again.table, res.table)
+    pd.testing.assert_frame_equal(again.tables['runs'], res.tables['runs'])
     j, spec = res.plan.jobs[1], res.plan.spec
     p = j.keep_dir / RECORDS
     recs = read_records(p)
@@ -207,15 +211,19 @@ def test_tiny_rerun_stale_and_missing(tiny, smoke_data):
     assert cached_record(p, key) is None
     third = run_horizon('tiny', out_dir=out, progress=False)
     assert cached_record(p, key) is not None and len(read_records(p)) == 4
-    pd.testing.assert_frame_equal(third.table, res.table)  # measured again to the same numbers
+    pd.testing.assert_frame_equal(third.tables['runs'], res.tables['runs'])  # measured again to the same numbers
     for f in (j.keep_dir / 'ckpt-000008').iterdir():
         f.unlink()  # a kept copy lost after the run went past it: that step cannot be measured again
     (j.keep_dir / 'ckpt-000008').rmdir()
     fourth = run_horizon('tiny', out_dir=out, progress=False)
-    assert set(fourth.states) == {'done'} and len(fourth.table) == len(res.table) - 1
-    gone = fourth.table[(fourth.table.lr == j.lr) & (fourth.table.variant == j.variant) & (fourth.table.seed == j.seed)]
+    assert set(fourth.notes['states']) == {'done'} and len(fourth.tables['runs']) == len(res.tables['runs']) - 1
+    gone = fourth.tables['runs'][
+        (fourth.tables['runs'].lr == j.cell)
+        & (fourth.tables['runs'].variant == j.variant)
+        & (fourth.tables['runs'].seed == j.seed)
+    ]
     assert list(gone.step) == [4, 16, 32]
-    assert set(CLOCKS) <= set(fourth.table.columns) and HORIZON_GRIDS['tiny'].publish is False
+    assert set(CLOCKS) <= set(fourth.tables['runs'].columns) and HORIZON_GRIDS['tiny'].publish is False
 
 
 @pytest.mark.corpus
@@ -225,11 +233,11 @@ def test_an_edit_to_the_measuring_code_measures_again(tiny, monkeypatch):
 
     out, res = tiny
     j = res.plan.jobs[0]
-    first, prior = read_records(j.keep_dir / RECORDS), run_horizon('tiny', out_dir=out, progress=False).table
+    first, prior = read_records(j.keep_dir / RECORDS), run_horizon('tiny', out_dir=out, progress=False).tables['runs']
     assert {r['code'] for r in first} == {hz.source_hash(hz.MEASURING_CODE)}  # every record names its code
     monkeypatch.setattr(hz, 'source_hash', lambda modules: 'edited-code')  # as if a percentile's code were edited
     again = run_horizon('tiny', out_dir=out, progress=False)
     recs = read_records(j.keep_dir / RECORDS)
     assert [r['code'] for r in recs] == ['edited-code'] * len(first)  # each kept step measured again, replaced
     assert [r['step'] for r in recs] == [r['step'] for r in first]
-    pd.testing.assert_frame_equal(again.table, prior)  # same weights, same numbers (the edit changed nothing)
+    pd.testing.assert_frame_equal(again.tables['runs'], prior)  # same weights, same numbers (the edit changed nothing)

@@ -264,7 +264,9 @@ def test_plan_only_plans_the_paper_exact_study_without_a_gpu(tmp_path, capsys):
         mock.patch('torch.cuda.is_available', return_value=False),
         mock.patch.multiple(A, submit_jobs=spend, prepare_once=spend, prepare_data=spend, train=spend),
     ):
-        plan = run_ablation('paper-exact-44m', 'official', out_dir=tmp_path, executor='slurm', plan_only='True').plan
+        plan = run_ablation('paper-exact-44m', 'official', out_dir=tmp_path, executor='slurm', plan_only='True').notes[
+            'cost_plan'
+        ]
         with pytest.raises(ConfigError, match='no GPU is visible'):  # in process, the device is still checked
             run_ablation('paper-exact-44m', 'official', out_dir=tmp_path)
     assert len(plan.table) == len(plan.to_submit) == 21 and list(tmp_path.iterdir()) == []

@@ -13,7 +13,7 @@ FIGURES = Path(__file__).resolve().parents[1] / 'figures'
 
 def test_an_unrun_scaling_grid_never_overwrites_the_committed_rows(tmp_path):
     "58.1: finishing the scaling grid where no run folder exists would turn 37 measured rows into 40 'missing' ones."
-    from looped_lm.extensions.scaling import Scaling, check_scaling, published_rows, write_results
+    from looped_lm.extensions.scaling import check_scaling, published_rows, scaling_result, write_results
 
     fig = tmp_path / 'fig'
     shutil.copytree(FIGURES / 'scaling-cpu', fig)
@@ -21,7 +21,7 @@ def test_an_unrun_scaling_grid_never_overwrites_the_committed_rows(tmp_path):
     plan = check_scaling('cpu', out_dir=tmp_path / 'out', fig_dir=fig)
     unrun = published_rows(fig).assign(status='missing')
     with pytest.raises(ConfigError, match='37 measured row'):
-        write_results(Scaling(plan, unrun, {}, pd.DataFrame(), ''))
+        write_results(scaling_result(plan, unrun, {}, pd.DataFrame(), ''))
     assert {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()} == before  # nothing written
     assert not (tmp_path / 'out' / 'records').exists()
 
@@ -129,7 +129,7 @@ def test_two_evaluation_budgets_in_one_folder_are_said_in_its_tables(tmp_path):
 
 def test_a_scaling_folder_belongs_to_its_grid(tmp_path):
     "58.5 for the scaling study: the tiny grid's table published into a copy of figures/scaling-cpu is refused."
-    from looped_lm.extensions.scaling import Scaling, check_scaling, published_rows, write_results
+    from looped_lm.extensions.scaling import check_scaling, published_rows, scaling_result, write_results
 
     fig = tmp_path / 'fig'
     shutil.copytree(FIGURES / 'scaling-cpu', fig)
@@ -142,5 +142,5 @@ def test_a_scaling_folder_belongs_to_its_grid(tmp_path):
     plan = check_scaling('tiny', out_dir=tmp_path / 'out', fig_dir=fig)
     table = published_rows(fig)
     with pytest.raises(StudyFolderError, match="grid 'cpu' there, 'tiny' here"):
-        write_results(Scaling(plan, table, {}, pd.DataFrame(), ''))
+        write_results(scaling_result(plan, table, {}, pd.DataFrame(), ''))
     assert {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()} == before  # nothing written

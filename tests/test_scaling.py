@@ -92,13 +92,13 @@ def test_cpu_grid_plan(tmp_path):
     plan = check_scaling('cpu', out_dir=tmp_path / 'out')
     assert len(plan.points) == 10 and len(plan.jobs) == 40 and len({j.run_dir for j in plan.jobs}) == 40
     assert {j.cfg.readout for j in plan.jobs} == {'rmsnorm', 'raw', 'final_norm'}
-    official = [j.cfg for j in plan.jobs if j.point.name == 'lr_wd-official']
+    official = [j.cfg for j in plan.jobs if j.cell.name == 'lr_wd-official']
     assert all(
         (c.lr, c.schedule, c.warmup_steps, c.weight_decay, c.decay_all, c.beta2)
         == (3e-4, 'constant', 0, 0.01, True, 0.999)
         for c in official
     )
-    centre = next(j.cfg for j in plan.jobs if j.point.name == 'centre' and j.variant == AT_RISK)
+    centre = next(j.cfg for j in plan.jobs if j.cell.name == 'centre' and j.variant == AT_RISK)
     assert abs(estimate_seconds([j.cfg for j in plan.jobs]) / estimate_seconds([centre]) - 38.43) < 0.01
     assert not (tmp_path / 'out').exists()
 
@@ -146,32 +146,32 @@ def test_fit_growth_refuses_what_it_cannot_fit():
 @pytest.mark.slow
 def test_tiny_grid_trains_once_and_reruns_nothing(tmp_path, smoke_data):
     res = run_scaling('tiny', out_dir=tmp_path, progress=False)
-    t = res.table
+    t = res.tables['runs']
     assert len(t) == len(res.plan.jobs) == 12 and set(t.status) == {'done'}
     assert t.norm.gt(0).all() and t.radial.between(0, 1).all()
     assert (t[t.variant == AT_RISK].radial < 1e-3).all() and (t[t.variant == 'perloop-raw'].radial > 1e-2).all()
     assert set(t[t.point == 'K-2']['ppl@2'].notna()) == {True} and t[t.point == 'K-2']['ppl@3'].isna().all()
     assert sorted(p.name for p in draw_scaling(res)) == ['axes.pdf', 'axes.png', 'drift.pdf', 'drift.png']
     assert len(list((tmp_path / 'records').glob('*.jsonl'))) == 12
-    assert (tmp_path / 'reading.md').read_text() == res.reading + '\n' and AT_RISK in res.fits
+    assert (tmp_path / 'reading.md').read_text() == res.notes['reading'] + '\n' and AT_RISK in res.notes['fits']
     before = stamps(tmp_path)
     again = run_scaling('tiny', out_dir=tmp_path, progress=False)
     assert stamps(tmp_path) == before  # no checkpoint written, no measurement made
     cols = [c for c in t.columns if c not in ('train_s', 'measure_s')]
-    pd.testing.assert_frame_equal(again.table[cols], t[cols])
-    assert again.table.train_s.equals(t.train_s)  # a rerun adds no training time
+    pd.testing.assert_frame_equal(again.tables['runs'][cols], t[cols])
+    assert again.tables['runs'].train_s.equals(t.train_s)  # a rerun adds no training time
 
 
 def test_interrupted_point_resumes_and_stale_measurements_are_redone(tmp_path, smoke_data):
     plan = check_scaling(SMALL, out_dir=tmp_path)
-    job = next(j for j in plan.jobs if j.point.name == 'centre' and j.variant == AT_RISK)
+    job = next(j for j in plan.jobs if j.cell.name == 'centre' and j.variant == AT_RISK)
     train(job.cfg, job.run_dir, data=smoke_data, max_steps=1, progress=False)  # interrupted after its first step
     assert run_status(job.run_dir)['state'] == 'running'
     m1 = measure_run(job.run_dir, smoke_data, SMALL.measure_tokens, SMALL.radial_tokens)
     res = run_scaling(SMALL, out_dir=tmp_path, progress=False)
     st = run_status(job.run_dir)
     assert st['state'] == 'done' and st['step'] == job.cfg.steps
-    assert set(res.table.status) == {'done'} and len(res.table) == 3 * 2
+    assert set(res.tables['runs'].status) == {'done'} and len(res.tables['runs']) == 3 * 2
     m2 = json.loads((job.run_dir / 'scaling.json').read_text())
     assert m2['checkpoint'] != m1['checkpoint'] and m2['checkpoint'].startswith(latest_checkpoint(job.run_dir).name)
     assert m2['norms'][-1]['mean'] != m1['norms'][-1]['mean']  # the finished model was measured, not the 1-step one

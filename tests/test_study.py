@@ -13,7 +13,7 @@ import pytest
 from looped_lm.core.config import ConfigError
 from looped_lm.core.files import LockedError, dir_lock
 from looped_lm.studies.variants import GROUPS, VARIANTS, check_seeds, check_variants
-from looped_lm.studies.ablation import check_params, run_ablation, run_dir_of, study_key
+from looped_lm.studies.ablation import check_params, is_main, run_ablation, run_dir_of, study_key
 from looped_lm.studies.runner import check_spawn_guard, run_jobs, study_lock
 
 
@@ -94,7 +94,7 @@ def test_subsets_go_beside_the_main_study(tmp_path):
         check_params('smoke', out_dir=tmp_path),
         check_params('smoke', ['perloop-raw'], '[1, 2]', out_dir=tmp_path),
     )
-    assert main.is_main and main.study_dir == tmp_path and main.fig_dir == tmp_path / 'figures'
+    assert is_main(main) and main.study_dir == tmp_path and main.fig_dir == tmp_path / 'figures'
     assert (
         sub.study_dir == tmp_path / f"study-{study_key(['perloop-raw'], [1, 2])}"
         and sub.fig_dir == sub.study_dir / 'figures'

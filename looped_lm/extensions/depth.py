@@ -22,7 +22,7 @@ from ..measure.diagnostics import diagnose_trained, EVAL_TOKENS, MEASURING_CODE
 from ..measure.diagnostics import checkpoint_id, DIAG_VERSION
 from ..studies.variants import VARIANTS, GROUPS, Variant, check_seeds
 from ..studies.runner import check_device, check_workers, grid_dirs, job_data
-from ..studies.runner import GridStudy, plan_data, register_rebuild, run_grid
+from ..studies.runner import GridStudy, Job, Plan, StudyResult, plan_data, register_rebuild, run_grid
 from ..studies.tables import read_run_records
 from .grid import advance_kept, kept_dir, kept_records, load_kept, publish_records, read_records
 from .grid import record_once
@@ -147,37 +147,6 @@ DEPTH_GRIDS = {
     'khop': DepthGrid('cpu', 1000, 200, arms=(('L1', 1),), task=(16, (1, 2, 3, 4), 64)),
 }
 
-# %% ../../nbs/06d_depth.ipynb #831d7f93
-@dataclass(frozen=True)
-class DepthJob:
-    "One run: (arm, variant, seed), its config, run directory, kept-checkpoint folder and the two measured steps."
-
-    arm: str
-    variant: str
-    seed: int
-    cfg: ExperimentConfig
-    run_dir: Path
-    keep_dir: Path
-    steps: tuple  # (before the cooldown, after it)
-
-    @property
-    def label(self) -> str:
-        return f"{self.arm} {self.variant} seed {self.seed}"
-
-
-@dataclass
-class DepthPlan:
-    "A validated depth study: what to train, where, and how it is measured. Nothing exists on disk yet."
-
-    grid: str
-    spec: DepthGrid
-    base: ExperimentConfig
-    jobs: list
-    out_dir: Path
-    fig_dir: Path
-    device: str
-    workers: int
-
 # %% ../../nbs/06d_depth.ipynb #65b92b18
 def task_settings(task: tuple) -> dict:
     "The preset settings a k-hop task fixes: its vocabulary, episode length, episode-aligned windows, corpus name."
@@ -236,10 +205,12 @@ def check_depth(
     grids=None,
     arms=None,
     unpublished: bool = False,
-) -> DepthPlan:
+    kind: str = 'depth',
+) -> Plan:
     """Every run of the grid (arm x variant x seed) with its config, and every path, checked before any folder exists;
     `grids`: the table `grid` names (default `DEPTH_GRIDS`); `arms`: only these arms (default: every one);
-    `unpublished`: only the runs with a measured step not yet in `fig_dir` (a study finished across sessions)."""
+    `unpublished`: only the runs with a measured step not yet in `fig_dir` (a study finished across sessions); `kind`:
+    the study's name (a study of its own grids, `depth_study`, binds it)."""
     name, spec = named_choice(grid, DEPTH_GRIDS if grids is None else grids, DepthGrid, 'grid')
     all_arms = _check_arms(spec.arms, spec.steps)
     chosen = [a for a in all_arms if arms is None or a[0] in arms]
@@ -262,11 +233,11 @@ def check_depth(
             for s in seeds:
                 run, cfg = f"{arm}-{v}-seed{s}", table[v].config(arm_base).replace(seed=s)
                 keep = out / 'kept' / run
-                jobs.append(DepthJob(arm, v, s, cfg, out / 'runs' / run, keep, _measured_steps(spec, steps)))
+                jobs.append(Job(arm, arm, v, s, cfg, out / 'runs' / run, keep, _measured_steps(spec, steps)))
     if unpublished:  # what the study folder holds is kept as published, never trained again
         published = lambda j: read_records(fig / 'records' / f'{j.run_dir.name}.jsonl')  # noqa: E731
         jobs = [j for j in jobs if not set(j.steps) <= {r['step'] for r in published(j)}]
-    return DepthPlan(name, spec, base, jobs, out, fig, dev, check_workers(workers, max(len(jobs), 1), dev))
+    return Plan(kind, name, spec, base, jobs, out, fig, dev, check_workers(workers, max(len(jobs), 1), dev))
 
 # %% ../../nbs/06d_depth.ipynb #5cb8ea06
 DEPTH_VERSION = 1  # bump whenever the measurement changes: every record of another version is measured again
@@ -288,7 +259,7 @@ def depth_key(ckpt_dir, cfg: ExperimentConfig, data, max_batches, eval_tokens: i
 
 # %% ../../nbs/06d_depth.ipynb #cd19f7bf
 def measure_kept(
-    job: DepthJob, step: int, data, device='cpu', max_batches: int = None, eval_tokens: int = EVAL_TOKENS
+    job: Job, step: int, data, device='cpu', max_batches: int = None, eval_tokens: int = EVAL_TOKENS
 ) -> dict:
     "The record of step `step` of a run: cached in its `depth.jsonl` under its key, else diagnosed and added."
     ck, cfg = kept_dir(job, step), job.cfg
@@ -297,7 +268,7 @@ def measure_kept(
         diag = diagnose_trained(load_kept(ck, cfg, device), cfg, data, device, max_batches, eval_tokens)
         return dict(
             run=job.run_dir.name,
-            arm=job.arm,
+            arm=job.cell,
             n_layers=cfg.n_layers,
             variant=job.variant,
             seed=job.seed,
@@ -312,7 +283,7 @@ def measure_kept(
 
 # %% ../../nbs/06d_depth.ipynb #fcf1a278
 def advance_depth(
-    job: DepthJob, data, device='cpu', max_batches: int = None, progress: bool = False, eval_tokens: int = EVAL_TOKENS
+    job: Job, data, device='cpu', max_batches: int = None, progress: bool = False, eval_tokens: int = EVAL_TOKENS
 ) -> str:
     "Train the run to each measured step, keep and measure each checkpoint (a step passed without a copy: an error)."
     measure = lambda s: measure_kept(job, s, data, device, max_batches, eval_tokens)  # noqa: E731
@@ -742,37 +713,37 @@ def rebuild_depth(folder, reference=None, horizon=None) -> dict:
 register_rebuild('depth', rebuild_depth)
 
 # %% ../../nbs/06d_depth.ipynb #1b5ca94e
-def plan_records(plan: DepthPlan, data) -> list:
+def plan_records(plan: Plan, data) -> list:
     "Every current record of the plan (the record whose key matches the kept checkpoint on disk), run by run."
     measured = (plan.spec.max_batches, plan.spec.eval_tokens)
     return kept_records(plan.jobs, RECORDS, lambda j, ck: depth_key(ck, j.cfg, data, *measured))
 
 # %% ../../nbs/06d_depth.ipynb #56511372
-def publish_depth(
-    plan: DepthPlan, data, states: list = None, rebuild=None, remove_stale: bool = False, kind: str = 'depth'
-) -> list:
-    """Every run's current records published and the tables rebuilt (`rebuild(fig_dir)`, default `rebuild_depth`); the
-    records. Called under the study lock: what a finished grid ends with and what an interrupted one publishes. A
-    published step no run folder here reproduces is kept, and named (`publish_records`). `kind`: the study's, as its
-    `study.json` names it (what `rebuild` reads)."""
+def publish_depth(plan: Plan, data, states: list = None, rebuild=None, remove_stale: bool = False) -> StudyResult:
+    """Every run's current records published and the tables rebuilt (`rebuild(fig_dir)`, default `rebuild_depth`), into
+    a folder whose `study.json` names the plan's kind; the study's result (its rules as verdicts, what the rebuild
+    made as a note). Called under the study lock: what a finished grid ends with and what an interrupted one publishes.
+    A published step no run folder here reproduces is kept, and named (`publish_records`)."""
     fig, options = Path(plan.fig_dir), dict(max_batches=plan.spec.max_batches, eval_tokens=plan.spec.eval_tokens)
-    own_folder(fig, dict(kind=kind, grid=plan.grid, preset=plan.spec.preset, options=options))  # before any work
-    records = plan_records(plan, data)
+    own_folder(fig, dict(kind=plan.kind, grid=plan.grid, preset=plan.spec.preset, options=options))  # before any work
+    records, made = plan_records(plan, data), None
     removed = publish_records(plan.jobs, records, fig, remove_stale)
     if any((fig / 'records').glob('*.jsonl')):  # every table and rule from the records the folder holds now
-        (rebuild or rebuild_depth)(fig)
+        made = (rebuild or rebuild_depth)(fig)
     elif removed:  # nothing left to describe: no table may describe the records that are gone
         for p in [*fig.glob('claims-*.md'), *(fig / n for n in ('rules.json', 'rules.md', 'depth.md', 'worth.md'))]:
             p.unlink(missing_ok=True)
-    return records
+    rules = made if isinstance(made, dict) and 'arms' in made else None
+    tables = dict(runs=depth_table(records)) if records else {}
+    return StudyResult(plan, records, tables, rules, True, dict(states=states, rebuilt=made))
 
 
-def depth_data(plan: DepthPlan, data_dir=None, progress: bool = False):
+def depth_data(plan: Plan, data_dir=None, progress: bool = False):
     "A depth grid's tokens: its generated task's, else its corpus."
     return khop_data(*plan.spec.task) if plan.spec.task else plan_data(plan, data_dir, progress)
 
 
-def depth_fields(plan: DepthPlan) -> dict:
+def depth_fields(plan: Plan) -> dict:
     "What each run's work needs to measure: the grid's evaluation windows (and the task a worker makes, never reads)."
     made = dict(make_data=(khop_data, plan.spec.task)) if plan.spec.task else {}
     return dict(max_batches=plan.spec.max_batches, eval_tokens=plan.spec.eval_tokens) | made
@@ -791,10 +762,10 @@ DEPTH = GridStudy(
 )
 
 
-def run_depth(grid='tiny', **kw) -> list:
+def run_depth(grid='tiny', **kw) -> StudyResult:
     """`run_grid(DEPTH, grid, **kw)`: train and measure what is missing of the grid, publish every run's records and
-    rebuild its tables; the records. Keywords as `run_grid`'s, with `grids` (the table `grid` names) and `arms` (only
-    these arms)."""
+    rebuild its tables; the study's result. Keywords as `run_grid`'s, with `grids` (the table `grid` names) and
+    `arms` (only these arms)."""
     return run_grid(DEPTH, grid, **kw)
 
 
@@ -802,8 +773,8 @@ def depth_study(name: str, grids: dict, rebuild) -> GridStudy:
     """A depth study of its own `grids`, run and published as `DEPTH` under the kind `name`, its tables rebuilt by
     `rebuild(folder)` (registered for `rebuild`)."""
     register_rebuild(name, rebuild)
-    finish = partial(publish_depth, rebuild=rebuild, kind=name)
-    return dataclasses.replace(DEPTH, name=name, check=partial(check_depth, grids=grids), finish=finish)
+    check = partial(check_depth, grids=grids, kind=name)
+    return dataclasses.replace(DEPTH, name=name, check=check, finish=partial(publish_depth, rebuild=rebuild))
 
 # %% ../../nbs/06d_depth.ipynb #66f484e8
 def study_rows(folder) -> pd.DataFrame:

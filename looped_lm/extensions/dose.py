@@ -13,7 +13,7 @@ from ..measure.protocol import LoopSpecError, as_spec, run_loops, token_windows,
 from ..measure.spec_checks import guarded_spec, checked_spec
 from ..core.files import write_atomic
 from ..studies.claims import depth_gate
-from ..studies.runner import repo_root, run_grid
+from ..studies.runner import StudyResult, repo_root, run_grid
 from .scaling import train_flops
 from .worth import WORTH_GRIDS, WORTH_VARIANTS
 from .depth import AT_RISK_V, DEPTH_VARIANTS, arm_runs, depth_base, depth_row
@@ -251,9 +251,9 @@ def write_pilot(folder) -> dict | None:
 DOSE_PILOT = depth_study('dose-pilot', PILOT_GRIDS, write_pilot)  # its one table: `pilot.json`
 
 
-def run_pilot(name: str, **kw) -> list:
+def run_pilot(name: str, **kw) -> StudyResult:
     """Pilot `name` of `PILOT_GRIDS` trained, measured and published into `PILOTS/<candidate>/` (`fig_dir` to put it
-    elsewhere); keywords as `run_worth`'s. The records."""
+    elsewhere); keywords as `run_worth`'s. The study's result."""
     kw.setdefault('fig_dir', repo_root() / PILOTS / name.removeprefix('dose-pilot-'))
     return run_grid(DOSE_PILOT, name, **kw)
 

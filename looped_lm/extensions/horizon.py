@@ -22,6 +22,9 @@ from ..training.train import lr_at, resolve_device, train
 from ..studies.variants import GROUPS, check_variants, check_seeds
 from looped_lm.studies.runner import (
     GridStudy,
+    Job,
+    Plan,
+    StudyResult,
     check_device,
     check_workers,
     grid_dirs,
@@ -52,8 +55,8 @@ from looped_lm.extensions.grid import (
 __all__ = ['PAPER_LR', 'PAPER_BATCH_TOKENS', 'PAPER_STEPS', 'PAPER_WIDTH', 'CLOCKS', 'PAPER_CLOCK', 'PAPER_DRIFT_RMS',
            'HORIZON_GRIDS', 'HORIZON_VERSION', 'RECORDS', 'NOT_CARRIED', 'HORIZON_MD', 'HORIZON', 'synthetic_horizon',
            'collapse_test', 'dose_response', 'drift_law', 'clock_of', 'HorizonGrid', 'checkpoint_steps',
-           'check_horizon', 'horizon_key', 'horizon_table', 'Horizon', 'analyse', 'drift_markdown', 'write_horizon',
-           'horizon_identity', 'rebuild_horizon', 'finish_horizon', 'run_horizon']
+           'check_horizon', 'horizon_key', 'horizon_table', 'analyse', 'drift_markdown', 'write_horizon',
+           'horizon_identity', 'horizon_pages', 'rebuild_horizon', 'finish_horizon', 'run_horizon']
 
 # %% ../../nbs/06c_horizon.ipynb #2b9b5d3c
 PAPER_LR = 3e-4  # the official constant learning rate (44M and 129M)
@@ -357,37 +360,6 @@ def _check_arms(arms) -> list:
         raise ConfigError(f"the first arm must hold the at-risk {AT_RISK}: every C6 ratio is taken against it.")
     return out
 
-# %% ../../nbs/06c_horizon.ipynb #60aa7bc9
-@dataclass(frozen=True)
-class HorizonJob:
-    "One run: (lr, variant, seed), its whole config, run directory, kept-checkpoint folder and checkpoint steps."
-
-    lr: float
-    variant: str
-    seed: int
-    cfg: ExperimentConfig
-    run_dir: Path
-    keep_dir: Path
-    steps: tuple
-
-    @property
-    def label(self) -> str:
-        return f"lr {self.lr:g} {self.variant} seed {self.seed}"
-
-# %% ../../nbs/06c_horizon.ipynb #9ea206b9
-@dataclass
-class HorizonPlan:
-    "A validated horizon study: what to train, where, and the checkpoint steps. Nothing exists on disk yet."
-
-    grid: str
-    spec: HorizonGrid
-    base: ExperimentConfig  # the grid's model and budget at a constant lr (before lr and variant)
-    jobs: list
-    out_dir: Path
-    fig_dir: Path
-    device: str
-    workers: int
-
 # %% ../../nbs/06c_horizon.ipynb #81290629
 def _base(spec: HorizonGrid, device: str) -> ExperimentConfig:
     "The grid's model at a constant lr, `steps` optimiser steps long, checkpointed only where the study asks."
@@ -410,7 +382,7 @@ def horizon_run_name(lr: float, variant: str, seed: int) -> str:
     return f"lr{lr:g}-{variant}-seed{seed}"
 
 # %% ../../nbs/06c_horizon.ipynb #4283d26f
-def check_horizon(grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto', workers: int = None) -> HorizonPlan:
+def check_horizon(grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto', workers: int = None) -> Plan:
     "Every run of the grid (lr x variant x seed) with its config, and every path, checked before any folder exists."
     name, spec = named_choice(grid, HORIZON_GRIDS, HorizonGrid, 'grid')
     base = _base(spec, device)
@@ -419,8 +391,9 @@ def check_horizon(grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto',
     steps = tuple(checkpoint_steps(spec.first, spec.steps, spec.ratio))
     out, fig = grid_dirs('horizon', name, name == 'custom', spec.publish, out_dir, fig_dir)
     jobs = [
-        HorizonJob(
+        Job(
             lr,
+            f"lr {lr:g}",
             v,
             s,
             VARIANTS[v].config(base.replace(lr=lr)).replace(seed=s),
@@ -434,7 +407,7 @@ def check_horizon(grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto',
     ]
     n = check_workers(workers, len(jobs), dev)
     spec = dataclasses.replace(spec, arms=tuple((lr, tuple(v)) for lr, v in arms), seeds=tuple(seeds))
-    return HorizonPlan(name, spec, base, jobs, out, fig, dev, n)
+    return Plan('horizon', name, spec, base, jobs, out, fig, dev, n)
 
 # %% ../../nbs/06c_horizon.ipynb #37ce0372
 HORIZON_VERSION = 1  # bump whenever the measurement changes: every record of another version is measured again
@@ -486,10 +459,10 @@ def measure_checkpoint(ckpt_dir, cfg: ExperimentConfig, data, tokens: int, radia
     )
 
 # %% ../../nbs/06c_horizon.ipynb #b234dcb7
-def measure_step(job: HorizonJob, step: int, data, tokens: int, radial_tokens: int, device='cpu') -> dict:
+def measure_step(job: Job, step: int, data, tokens: int, radial_tokens: int, device='cpu') -> dict:
     "The record of step `step` of a run: cached in its `horizon.jsonl` under its key, else measured and added."
     ck = kept_dir(job, step)
-    fields = dict(run=job.run_dir.name, lr=job.lr, variant=job.variant, seed=job.seed, step=step)
+    fields = dict(run=job.run_dir.name, lr=job.cell, variant=job.variant, seed=job.seed, step=step)
     return record_once(
         job.keep_dir / RECORDS,
         horizon_key(ck, job.cfg, data, tokens, radial_tokens),
@@ -501,7 +474,7 @@ def measure_step(job: HorizonJob, step: int, data, tokens: int, radial_tokens: i
     )
 
 # %% ../../nbs/06c_horizon.ipynb #b77cb245
-def advance(job: HorizonJob, data, tokens: int, radial_tokens: int, device='cpu', progress: bool = False) -> str:
+def advance(job: Job, data, tokens: int, radial_tokens: int, device='cpu', progress: bool = False) -> str:
     "Train the run to each checkpoint step, keep and measure each (a step passed without a copy: skipped); its state."
     measure = lambda s: measure_step(job, s, data, tokens, radial_tokens, device)  # noqa: E731
     return advance_kept(job, data, measure, strict=False, progress=progress)
@@ -515,7 +488,7 @@ def _horizon_one(job: dict) -> str:
     return state
 
 # %% ../../nbs/06c_horizon.ipynb #3f4af2cd
-def plan_records(plan: HorizonPlan, data) -> list:
+def plan_records(plan: Plan, data) -> list:
     "Every current record of the plan (the record whose key matches the kept checkpoint on disk), run by run."
     tokens = (plan.spec.measure_tokens, plan.spec.radial_tokens)
     return kept_records(plan.jobs, RECORDS, lambda j, ck: horizon_key(ck, j.cfg, data, *tokens))
@@ -543,7 +516,7 @@ def horizon_table(records: list) -> pd.DataFrame:
     return df.drop(columns='point')
 
 # %% ../../nbs/06c_horizon.ipynb #2c30719a
-def horizon_seconds(plan: HorizonPlan, timing: dict, reference: ExperimentConfig) -> dict:
+def horizon_seconds(plan: Plan, timing: dict, reference: ExperimentConfig) -> dict:
     "The plan's CPU seconds on one thread: training (FLOPs-scaled from the timed `reference`) and measuring."
     per_step = train_flops(reference) / reference.steps
     train_s = sum(timing['step_s'] * train_flops(j.cfg) / per_step for j in plan.jobs)
@@ -574,7 +547,7 @@ def measure_step_seconds(
         t0 = time.perf_counter()
         train(cfg, folder / 'run', data=data, max_steps=n, progress=False)
         step_s = (time.perf_counter() - t0) / steps
-        job = HorizonJob(cfg.lr, 'timed', cfg.seed, cfg, folder / 'run', folder / 'kept', (n,))
+        job = Job(cfg.lr, f"lr {cfg.lr:g}", 'timed', cfg.seed, cfg, folder / 'run', folder / 'kept', (n,))
         ck = keep_checkpoint(job, n)
         t0 = time.perf_counter()
         measure_checkpoint(ck, cfg, data, tokens, radial_tokens, 'cpu')
@@ -583,20 +556,10 @@ def measure_step_seconds(
         shutil.rmtree(folder, ignore_errors=True)
 
 # %% ../../nbs/06c_horizon.ipynb #eeefd52d
-@dataclass
-class Horizon:
-    "A finished (or partly finished) horizon study: plan, states, table and the three analyses."
-
-    plan: HorizonPlan
-    states: list
-    table: pd.DataFrame
-    collapse: pd.DataFrame
-    dose: pd.DataFrame
-    law: dict | None
-
-
-def analyse(plan: HorizonPlan, table: pd.DataFrame, states: list = ()) -> Horizon:
-    "The three analyses of a table (the drift law fitted up to the middle checkpoint step of the grid)."
+def analyse(plan: Plan, table: pd.DataFrame, states: list = ()) -> StudyResult:
+    """The three analyses of a table (the drift law fitted up to the middle checkpoint step of the grid), as the study's
+    result: a record per run and step (the table's rows), the tables `runs`, `collapse` and `dose`, no claim verdicts
+    (the collapse test's are in its table), and the runs' `states` and the drift `law` as notes."""
     steps = plan.jobs[0].steps
     split = steps[(len(steps) - 1) // 2]  # the middle checkpoint step: 400 of 50 ... 3,000, 8 of 4 ... 32
     try:
@@ -604,14 +567,12 @@ def analyse(plan: HorizonPlan, table: pd.DataFrame, states: list = ()) -> Horizo
     except ValueError:
         law = None
     variants = [v for v in (AT_RISK, 'perloop-raw') if v in set(table.get('variant', []))]
-    return Horizon(
-        plan,
-        list(states),
-        table,
-        collapse_test(table, variants) if len(table) else pd.DataFrame(),
-        dose_response(table) if len(table) else pd.DataFrame(),
-        law,
+    tables = dict(
+        runs=table,
+        collapse=collapse_test(table, variants) if len(table) else pd.DataFrame(),
+        dose=dose_response(table) if len(table) else pd.DataFrame(),
     )
+    return StudyResult(plan, table.to_dict('records'), tables, None, False, dict(states=list(states), law=law))
 
 # %% ../../nbs/06c_horizon.ipynb #8212b8e4
 NOT_CARRIED = (
@@ -635,49 +596,55 @@ def drift_markdown(law: dict | None) -> str:
     )
 
 
-def write_horizon(res: Horizon):
-    "The table and the analyses into the study folder (CSV with every column, Markdown to read)."
-    out, t = res.plan.out_dir, res.table
+def write_horizon(res: StudyResult, folder=None):
+    "The table and the analyses into `folder` (default: the study's `out_dir`), as CSV (every column) and Markdown."
+    out, t = Path(folder or res.plan.out_dir), res.tables['runs']
     write_atomic(out / 'horizon.csv', t.to_csv(index=False))
     if len(t):
         md = t.set_index(['lr', 'variant', 'seed', 'step'])[[c for c in HORIZON_MD if c in t]]
         write_atomic(out / 'horizon.md', to_markdown(md))
-    for name, df in (('collapse', res.collapse), ('dose', res.dose)):
+    for name, df in (('collapse', res.tables['collapse']), ('dose', res.tables['dose'])):
         write_atomic(out / f'{name}.md', to_markdown(df) if len(df) else 'no result yet\n')
-    write_atomic(out / 'drift.md', drift_markdown(res.law))
+    write_atomic(out / 'drift.md', drift_markdown(res.notes['law']))
 
 # %% ../../nbs/06c_horizon.ipynb #530366af
-def horizon_identity(plan: HorizonPlan) -> dict:
+def horizon_identity(plan: Plan) -> dict:
     "What a published horizon folder's `study.json` says it holds: the kind, grid, preset and measurement budgets."
     options = dict(measure_tokens=plan.spec.measure_tokens, radial_tokens=plan.spec.radial_tokens)
     return dict(kind='horizon', grid=plan.grid, preset=plan.spec.preset, options=options)
 
 
-def rebuild_horizon(folder) -> Horizon:
+def horizon_pages(folder, plan: Plan, states: list = ()) -> StudyResult:
+    "The table and the three analyses of the records `folder/records/` holds, for `plan`'s grid, written into `folder`."
+    records = [r for f in sorted((Path(folder) / 'records').glob('*.jsonl')) for r in read_records(f)]
+    res = analyse(plan, horizon_table(records), states)
+    write_horizon(res, folder)
+    return res
+
+
+def rebuild_horizon(folder) -> StudyResult:
     """The table and the three analyses of a published horizon study rebuilt from its `records/` alone (the grid its
     `study.json` names gives the checkpoint steps the drift law splits at), written into `folder`."""
-    folder = Path(folder)
-    plan = check_horizon(json.loads((folder / 'study.json').read_text())['grid'], folder, folder, 'cpu', 1)
-    records = [r for f in sorted((folder / 'records').glob('*.jsonl')) for r in read_records(f)]
-    res = analyse(plan, horizon_table(records))
-    write_horizon(res)
-    return res
+    grid = json.loads((Path(folder) / 'study.json').read_text())['grid']
+    if grid not in HORIZON_GRIDS:
+        raise ConfigError(f"{folder} holds a custom horizon grid: rebuild it with horizon_pages(folder, its plan).")
+    return horizon_pages(folder, check_horizon(grid, folder, folder, 'cpu', 1))
 
 
 register_rebuild('horizon', rebuild_horizon)
 
 # %% ../../nbs/06c_horizon.ipynb #732d904e
-def finish_horizon(plan: HorizonPlan, data, states: list) -> Horizon:
+def finish_horizon(plan: Plan, data, states: list) -> StudyResult:
     """The study's end, under its lock: the table of every current record and its three analyses, written to `out_dir`;
-    the records published into `fig_dir` (`records/`, beside its `study.json`) and its pages rebuilt from them."""
+    the records published into `fig_dir` (`records/`, beside its `study.json`) and its pages made from those."""
     own_folder(plan.fig_dir, horizon_identity(plan))  # before any work: never into another study's folder
     records = plan_records(plan, data)
     res = analyse(plan, horizon_table(records), states)
     write_horizon(res)
     publish_records(plan.jobs, records, plan.fig_dir)
     if Path(plan.fig_dir) != Path(plan.out_dir):
-        rebuild_horizon(plan.fig_dir)
-    return res
+        horizon_pages(plan.fig_dir, plan, states)
+    return dataclasses.replace(res, published=True)
 
 
 HORIZON = GridStudy(
@@ -692,7 +659,7 @@ HORIZON = GridStudy(
 )
 
 
-def run_horizon(grid='tiny', **kw) -> Horizon:
+def run_horizon(grid='tiny', **kw) -> StudyResult:
     """`run_grid(HORIZON, grid, **kw)`: train and measure what is missing of the grid, then write its table and
     analyses. Keywords as `run_grid`'s: `out_dir`, `fig_dir`, `data_dir`, `device`, `workers`, `progress`,
     `lock_wait`."""

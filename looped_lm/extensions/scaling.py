@@ -37,7 +37,7 @@ from ..training.train import train, TrainingError, resolve_device
 from ..studies.variants import VARIANTS, check_variants, check_seeds
 from ..studies.tables import to_markdown
 from ..studies.runner import GridStudy, check_device, grid_dirs, job_data, register_rebuild, run_grid
-from ..studies.runner import write_records
+from ..studies.runner import Job, Plan, StudyResult, write_records
 from .growth import fit_growth, growth_row, fit_sentence, carry_sentence
 import matplotlib.pyplot as plt
 import seaborn as sns
@@ -49,8 +49,8 @@ from .growth import PAPER_DRIFT, PAPER_TOKENS
 # %% auto #0
 __all__ = ['REFERENCE', 'SCALING_VERSION', 'MD_COLUMNS', 'SCALING', 'scaling_points', 'Grid', 'train_flops', 'estimate_seconds',
            'measure_key', 'read_measure', 'measure_run', 'check_scaling', 'add_c6', 'scaling_table', 'growth_table',
-           'reading', 'Scaling', 'write_pages', 'write_results', 'finish_scaling', 'token_budgets', 'run_scaling',
-           'published_table', 'rebuild_scaling', 'fig_scaling_axes', 'draw_scaling']
+           'reading', 'scaling_result', 'write_pages', 'write_results', 'finish_scaling', 'token_budgets',
+           'run_scaling', 'published_table', 'rebuild_scaling', 'fig_scaling_axes', 'draw_scaling']
 
 # %% ../../nbs/06a_scaling.ipynb #9e3cef37
 CONTROLS = ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty')  # its scale-controlled counterparts
@@ -238,46 +238,15 @@ def estimate_seconds(cfgs: list, reference: tuple = REFERENCE) -> float:
     rate = reference[1] * train_flops_per_token(LoopedLMConfig.from_experiment(ref), ref.seq_len, ref.loss)
     return sum(train_flops(c) for c in cfgs) / rate
 
-# %% ../../nbs/06a_scaling.ipynb #f65eef56
-@dataclass(frozen=True)
-class Job:
-    "One run of the study: a point, a variant and a seed, with its whole training config and run directory."
-
-    point: Point
-    variant: str
-    seed: int
-    cfg: ExperimentConfig
-    run_dir: Path
-
-    @property
-    def label(self) -> str:
-        "How progress lines and errors name the run: point, variant and seed."
-        return f"{self.point.name} {self.variant} seed {self.seed}"
-
-    @property
-    def keep_dir(self) -> Path:
-        "Where the run's record is kept, the folder its work locks: its run directory (`scaling.json` lies there)."
-        return self.run_dir
-
 # %% ../../nbs/06a_scaling.ipynb #250bed5f
 def scaling_run_dir(out_dir, point: str, variant: str, seed: int) -> Path:
     "The run directory of (point, variant, seed) in a study folder."
     return Path(out_dir) / 'runs' / f"{point}-{variant}-seed{seed}"
 
 # %% ../../nbs/06a_scaling.ipynb #97352b7d
-@dataclass
-class ScalingPlan:
-    "A validated scaling study: what to train and where everything goes. Nothing is created on disk until it runs."
-
-    grid: str
-    spec: Grid
-    base: ExperimentConfig  # the centre's config (before the variant's options)
-    points: list
-    jobs: list
-    out_dir: Path
-    fig_dir: Path
-    device: str
-    workers: int = 1  # one run at a time: each run's training seconds are among its measurements
+def grid_points(plan: Plan) -> list:
+    "The points of a scaling plan, in the grid's order: each job's cell, once."
+    return list({j.cell.name: j.cell for j in plan.jobs}.values())
 
 # %% ../../nbs/06a_scaling.ipynb #9f537863
 SCALING_VERSION = (
@@ -393,7 +362,7 @@ def scaling_dirs(name: str, spec: Grid, preset: str = None, out_dir=None, fig_di
 # %% ../../nbs/06a_scaling.ipynb #74504fa3
 def check_scaling(
     grid='tiny', out_dir=None, fig_dir=None, device: str = 'auto', workers: int = None, preset: str = None
-) -> ScalingPlan:
+) -> Plan:
     """Every run of the study (point x variant x seed) with its config, and every path, checked before any folder
     exists; `preset`: another centre than the grid's. One worker: a run's training seconds are measured."""
     if workers not in (None, 1):
@@ -419,12 +388,12 @@ def check_scaling(
     points = scaling_points(base, spec.axes)
     out, fig = scaling_dirs(name, spec, preset, out_dir, fig_dir)
     jobs = [
-        Job(p, v, s, VARIANTS[v].config(p.config(base)).replace(seed=s), scaling_run_dir(out, p.name, v, s))
+        Job(p, p.name, v, s, VARIANTS[v].config(p.config(base)).replace(seed=s), scaling_run_dir(out, p.name, v, s))
         for p in points
         for v in variants
         for s in seeds
     ]
-    return ScalingPlan(name, spec, base, points, jobs, out, fig, dev)
+    return Plan('scaling', name, spec, base, jobs, out, fig, dev)
 
 # %% ../../nbs/06a_scaling.ipynb #b3eac479
 def train_job(job: Job, data, progress: bool = True) -> str:
@@ -452,20 +421,20 @@ def _scale_one(job: dict) -> str:
     return state
 
 # %% ../../nbs/06a_scaling.ipynb #91d9f3b8
-def job_row(job: Job, plan: ScalingPlan, data, measure: bool = True) -> dict:
+def job_row(job: Job, plan: Plan, data, measure: bool = True) -> dict:
     "One row of the table: what the run is, its status and (when it finished, and `measure`) its measurement."
     cfg, st = job.cfg, run_status(job.run_dir)
     row = dict(
-        point=job.point.name,
-        axis=job.point.axis,
-        value=job.point.value,
+        point=job.cell.name,
+        axis=job.cell.axis,
+        value=job.cell.value,
         variant=job.variant,
         seed=job.seed,
         status=st.get('state', 'missing'),
         tokens=cfg.steps * cfg.batch_size * cfg.seq_len,
         d_model=cfg.d_model,
         K=cfg.K,
-        recipe=job.point.value if job.point.axis == 'lr_wd' else 'preset',
+        recipe=job.cell.value if job.cell.axis == 'lr_wd' else 'preset',
         lr=cfg.lr,
         weight_decay=cfg.weight_decay,
         params=num_params(LoopedLM(LoopedLMConfig.from_experiment(cfg))),
@@ -499,12 +468,12 @@ def add_c6(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(c6=df.apply(c6, axis=1) if len(df) else [])
 
 
-def scaling_table(plan: ScalingPlan, data, measure: bool = True) -> pd.DataFrame:
+def scaling_table(plan: Plan, data, measure: bool = True) -> pd.DataFrame:
     "Every point x variant x seed of the plan as one tidy frame (measuring what is finished and not measured yet)."
     return add_c6(pd.DataFrame([job_row(j, plan, data, measure) for j in plan.jobs]))
 
 # %% ../../nbs/06a_scaling.ipynb #32942147
-def axis_rows(df: pd.DataFrame, axis: str, plan: ScalingPlan) -> pd.DataFrame:
+def axis_rows(df: pd.DataFrame, axis: str, plan: Plan) -> pd.DataFrame:
     "The rows of one axis, the centre's included (with the centre's value on that axis), in the axis's order."
     centre = AXES[axis].centre(plan.base)
     rows = df[(df.axis == axis) | (df.axis == 'centre')].copy()
@@ -513,7 +482,7 @@ def axis_rows(df: pd.DataFrame, axis: str, plan: ScalingPlan) -> pd.DataFrame:
     return rows.assign(_o=rows.value.map(order)).sort_values('_o', kind='stable').drop(columns='_o')
 
 # %% ../../nbs/06a_scaling.ipynb #850715f5
-def growth_table(df: pd.DataFrame, plan: ScalingPlan) -> tuple:
+def growth_table(df: pd.DataFrame, plan: Plan) -> tuple:
     "({variant: fit}, frame): per variant, the drift's power-law fit on the budget axis and its value at PAPER_TOKENS."
     if 'budget' not in plan.spec.axes:
         return {}, pd.DataFrame()
@@ -547,7 +516,7 @@ def wall_seconds(df: pd.DataFrame) -> float:
     return float(np.nansum(df[cols].to_numpy(dtype=float))) if cols and len(df) else float('nan')
 
 
-def study_title(plan: ScalingPlan, df: pd.DataFrame) -> str:
+def study_title(plan: Plan, df: pd.DataFrame) -> str:
     "One line naming the grid, its centre, the finished runs and the wall time (the figures' and the reading's title)."
     return (
         f"{plan.grid} grid ({plan.base.name} centre, d={plan.base.d_model}, K={plan.base.K}): "
@@ -560,7 +529,7 @@ def _span(s: pd.Series) -> str:
     return '–' if not len(s) else (n(s.iloc[0]) if len(s) == 1 else f"{n(s.min())} to {n(s.max())}")
 
 # %% ../../nbs/06a_scaling.ipynb #5e23ef07
-def _fit_sentences(done: pd.DataFrame, plan: ScalingPlan, fits: dict) -> list:
+def _fit_sentences(done: pd.DataFrame, plan: Plan, fits: dict) -> list:
     "Per variant the drift exponent with its 95% interval; the at-risk fit at the paper's budget, labelled a guess."
     out = [fit_sentence(v, f) for v, f in fits.items()]
     if AT_RISK in fits:
@@ -568,11 +537,11 @@ def _fit_sentences(done: pd.DataFrame, plan: ScalingPlan, fits: dict) -> list:
     return out
 
 # %% ../../nbs/06a_scaling.ipynb #4d17f1d9
-def _margin_sentences(done: pd.DataFrame, plan: ScalingPlan) -> list:
+def _margin_sentences(done: pd.DataFrame, plan: Plan) -> list:
     "The claims' margins over the grid's points: C1's drift ratio, C2's radial fractions, the gains, C6."
     ctl = [v for v in plan.spec.variants if v != AT_RISK]
     p = done.pivot_table(index='point', columns='variant', values=['norm', 'radial', 'gain', 'c6'], aggfunc='mean')
-    p, out = p.loc[[q.name for q in plan.points if q.name in p.index]], []
+    p, out = p.loc[[q.name for q in grid_points(plan) if q.name in p.index]], []
     if AT_RISK in p['norm'] and ctl:
         ratio = p['norm'][AT_RISK] / p['norm'][[v for v in ctl if v in p['norm']]].max(axis=1)
         out.append(
@@ -598,7 +567,7 @@ def _margin_sentences(done: pd.DataFrame, plan: ScalingPlan) -> list:
     return out
 
 # %% ../../nbs/06a_scaling.ipynb #341541aa
-def reading(df: pd.DataFrame, plan: ScalingPlan, fits: dict) -> str:
+def reading(df: pd.DataFrame, plan: Plan, fits: dict) -> str:
     "The result in sentences with numbers: growth per variant, the extrapolation (a guess), the claims' margins."
     done = df[df.status == 'done']
     out = [f"**{study_title(plan, df)}.**"]
@@ -614,15 +583,11 @@ def reading(df: pd.DataFrame, plan: ScalingPlan, fits: dict) -> str:
     return '\n'.join(out)
 
 # %% ../../nbs/06a_scaling.ipynb #5cf14c91
-@dataclass
-class Scaling:
-    "A finished (or partly finished) scaling study: its plan, table, fits, growth table and reading."
-
-    plan: ScalingPlan
-    table: pd.DataFrame
-    fits: dict
-    growth: pd.DataFrame
-    reading: str
+def scaling_result(plan: Plan, table, fits: dict, growth, reading: str, published: bool = False) -> StudyResult:
+    """A scaling study's result: one record per run (the table's rows), the tables `runs` and `growth`, no verdicts
+    (the grid tests no claim: its reading says what the margins do), its fits and reading as notes."""
+    notes = dict(fits=fits, reading=reading)
+    return StudyResult(plan, table.to_dict('records'), dict(runs=table, growth=growth), None, published, notes)
 
 
 MD_COLUMNS = [
@@ -671,9 +636,9 @@ def write_pages(folder, table: pd.DataFrame, growth: pd.DataFrame):
             (folder / name).unlink(missing_ok=True)  # never left over from an earlier study of this folder
 
 
-def write_results(res: Scaling):
+def write_results(res: StudyResult):
     "The per-run records (`records/`, every column), the pages and the reading, in the study folder and the figures'."
-    out, t, spec = res.plan.out_dir, res.table, res.plan.spec
+    out, t, spec = res.plan.out_dir, res.tables['runs'], res.plan.spec
     options = dict(measure_tokens=spec.measure_tokens, radial_tokens=spec.radial_tokens)  # its evaluation budget
     own_folder(res.plan.fig_dir, dict(kind='scaling', grid=res.plan.grid, preset=spec.preset, options=options))
     kept_measured(t, res.plan.fig_dir)  # the published folder (committed) never loses a measured row
@@ -682,15 +647,15 @@ def write_results(res: Scaling):
     runs = {f"{r['point']}-{r['variant']}-seed{r['seed']}": [r] for r in rows}
     for folder in dict.fromkeys([out, Path(res.plan.fig_dir)]):  # a published grid's folder (committed) holds them too
         write_records(folder, runs)
-        write_pages(folder, t, res.growth)
-    write_atomic(out / 'reading.md', res.reading + '\n')
+        write_pages(folder, t, res.tables['growth'])
+    write_atomic(out / 'reading.md', res.notes['reading'] + '\n')
 
 # %% ../../nbs/06a_scaling.ipynb #b7c1d2ea
-def finish_scaling(plan: ScalingPlan, data, states: list = None) -> Scaling:
+def finish_scaling(plan: Plan, data, states: list = None) -> StudyResult:
     "The study's end, under its lock: the table of every run (measured where finished), its fits and reading, written."
     table = scaling_table(plan, data)
     fits, growth = growth_table(table, plan)
-    res = Scaling(plan, table, fits, growth, reading(table, plan, fits))
+    res = scaling_result(plan, table, fits, growth, reading(table, plan, fits), published=True)
     write_results(res)
     return res
 
@@ -707,24 +672,25 @@ SCALING = GridStudy(
     fields=token_budgets,
     finish=finish_scaling,
     describe=lambda plan: (
-        f"{len(plan.points)} points x {len(plan.spec.variants)} variants = {len(plan.jobs)} runs in {plan.out_dir}; "
+        f"{len(grid_points(plan))} points x {len(plan.spec.variants)} variants = {len(plan.jobs)} runs in "
+        f"{plan.out_dir}; "
         f"training estimated at {_wall(estimate_seconds([j.cfg for j in plan.jobs]))} on this machine's 2 cores "
         "if none is done"
     ),
 )
 
 # %% ../../nbs/06a_scaling.ipynb #1a2f30b8
-def run_scaling(grid='tiny', **kw) -> Scaling:
+def run_scaling(grid='tiny', **kw) -> StudyResult:
     """`run_grid(SCALING, grid, **kw)`: train what is missing of the grid and measure it, then write table, fits and
     reading. Keywords as `run_grid`'s (`out_dir`, `fig_dir`, `data_dir`, `device`, `progress`, `lock_wait`), with
     `preset` (another centre than the grid's)."""
     return run_grid(SCALING, grid, **kw)
 
 # %% ../../nbs/06a_scaling.ipynb #5637287c
-def published_table(plan: ScalingPlan, folder) -> pd.DataFrame:
+def published_table(plan: Plan, folder) -> pd.DataFrame:
     """A grid's published per-run records (`folder/records/`) as `scaling_table` gives them: in the plan's order, with
     the plan's columns."""
-    df, order = published_rows(folder), {(j.point.name, j.variant, j.seed): i for i, j in enumerate(plan.jobs)}
+    df, order = published_rows(folder), {(j.cell.name, j.variant, j.seed): i for i, j in enumerate(plan.jobs)}
     if not len(df):
         raise ConfigError(f"{Path(folder) / 'records'} holds no records: pass the folder a grid was published to.")
     keys = list(zip(df.point, df.variant, df.seed))
@@ -733,7 +699,7 @@ def published_table(plan: ScalingPlan, folder) -> pd.DataFrame:
     df = df.iloc[sorted(range(len(df)), key=lambda i: order[keys[i]])].reset_index(drop=True)
     found = [plan.jobs[order[k]] for k in zip(df.point, df.variant, df.seed)]
     params = [num_params(LoopedLM(LoopedLMConfig.from_experiment(j.cfg))) for j in found]
-    return df.assign(axis=[j.point.axis for j in found], value=[j.point.value for j in found], params=params)
+    return df.assign(axis=[j.cell.axis for j in found], value=[j.cell.value for j in found], params=params)
 
 # %% ../../nbs/06a_scaling.ipynb #9066df6d
 def rebuild_scaling(folder) -> pd.DataFrame:
@@ -771,7 +737,7 @@ def _fit_lines(ax, ax2, r, f, colour):
     ax2.scatter(r.tokens, r.norm, color=colour, s=12)
 
 # %% ../../nbs/06a_scaling.ipynb #cc692d7b
-def fig_scaling_drift(df: pd.DataFrame, plan: ScalingPlan, fits: dict):
+def fig_scaling_drift(df: pd.DataFrame, plan: Plan, fits: dict):
     "(a) final-loop norm vs training tokens, log-log, with the power-law fits; (b) the fits carried out (a guess)."
     sns.set_theme(**STYLE)
     b = axis_rows(df, 'budget', plan)
@@ -815,7 +781,7 @@ MEASURES = [
 ]
 
 
-def _panel(ax, rows, axis: str, col: str, plan: ScalingPlan, pal: dict):
+def _panel(ax, rows, axis: str, col: str, plan: Plan, pal: dict):
     "One measure along one axis, one line per variant (seed mean)."
     xkey, cats = 'tokens' if axis == 'budget' else 'value', list(dict.fromkeys(rows.value)) if axis == 'lr_wd' else None
     for v in check_variants(list(plan.spec.variants)):
@@ -835,7 +801,7 @@ def _panel(ax, rows, axis: str, col: str, plan: ScalingPlan, pal: dict):
         ax.xaxis.set_minor_formatter(NullFormatter())
 
 # %% ../../nbs/06a_scaling.ipynb #b1b10511
-def fig_scaling_axes(df: pd.DataFrame, plan: ScalingPlan):
+def fig_scaling_axes(df: pd.DataFrame, plan: Plan):
     "One column per axis, one row per measure: how each changes along each axis, per variant (seed mean)."
     sns.set_theme(**STYLE)
     axes, pal = list(plan.spec.axes), palette(list(plan.spec.variants))
@@ -855,14 +821,18 @@ def fig_scaling_axes(df: pd.DataFrame, plan: ScalingPlan):
     return fig
 
 
-def draw_scaling(res: Scaling) -> list:
+def draw_scaling(res: StudyResult) -> list:
     "The drift and axes figures (PNG and PDF) in the plan's fig_dir; the paths written (call it under `study_lock`)."
     fig_dir, paths = check_fig_dir(res.plan.fig_dir), []
     for name, make, wanted in (
-        ('drift', lambda: fig_scaling_drift(res.table, res.plan, res.fits), 'budget' in res.plan.spec.axes),
-        ('axes', lambda: fig_scaling_axes(res.table, res.plan), True),
+        (
+            'drift',
+            lambda: fig_scaling_drift(res.tables['runs'], res.plan, res.notes['fits']),
+            'budget' in res.plan.spec.axes,
+        ),
+        ('axes', lambda: fig_scaling_axes(res.tables['runs'], res.plan), True),
     ):
-        if wanted and 'norm' in res.table:
+        if wanted and 'norm' in res.tables['runs']:
             fig = make()
             paths += save(fig, fig_dir, name)
             plt.close(fig)

@@ -12,7 +12,7 @@ from ..core.files import write_atomic
 from ..studies.claims import GATE, claims_markdown
 from ..studies.tables import to_markdown
 import dataclasses
-from ..studies.runner import run_grid
+from ..studies.runner import StudyResult, run_grid
 from ..studies.variants import Variant
 import math
 from .depth import DepthGrid, depth_row, depth_table
@@ -183,18 +183,19 @@ def write_worth(folder, records: list, seeds=(1, 2, 3)) -> dict:
 
 def rebuild_worth(folder, seeds=None) -> dict:
     """Every table and rule of a depth-worth study rebuilt from its `records/` alone; `seeds`: the design's (default:
-    those of the grid its `study.json` names)."""
+    those of the grid its `study.json` names; a custom grid's: the seeds its records hold)."""
+    records, grid = read_depth_records(folder), json.loads((Path(folder) / 'study.json').read_text())['grid']
     if seeds is None:
-        seeds = WORTH_GRIDS[json.loads((Path(folder) / 'study.json').read_text())['grid']].seeds
-    return write_worth(folder, read_depth_records(folder), seeds)
+        seeds = WORTH_GRIDS[grid].seeds if grid in WORTH_GRIDS else sorted({r['seed'] for r in records})
+    return write_worth(folder, records, seeds)
 
 # %% ../../nbs/06e_worth.ipynb #wor00020b
 WORTH = depth_study('worth', WORTH_GRIDS, rebuild_worth)  # published as the kind `worth`, rebuilt by `rebuild_worth`
 
 
-def run_worth(grid='worth-tiny', **kw) -> list:
+def run_worth(grid='worth-tiny', **kw) -> StudyResult:
     """`run_grid(WORTH, grid, **kw)`: the depth study on `WORTH_GRIDS`, its tables and rules rebuilt by `rebuild_worth`;
-    the records. Keywords as `run_depth`'s (`out_dir`, `device`, `workers`, `arms`, ...)."""
+    the study's result. Keywords as `run_depth`'s (`out_dir`, `device`, `workers`, `arms`, ...)."""
     return run_grid(WORTH, grid, **kw)
 
 # %% ../../nbs/06e_worth.ipynb #23527358
@@ -267,9 +268,9 @@ def write_reference(folder) -> list:
 WORTH_REFERENCE = depth_study('worth-reference', REFERENCE_GRIDS, write_reference)  # its one table: `reference.md`
 
 
-def run_reference(grid='worth-tiny-reference', **kw) -> list:
+def run_reference(grid='worth-tiny-reference', **kw) -> StudyResult:
     """The one-pass-penalty runs of `REFERENCE_GRIDS[grid]`, published into `fig_dir` (give the worth study's folder
-    + `/reference`); keywords as `run_worth`'s. The records."""
+    + `/reference`); keywords as `run_worth`'s. The study's result."""
     if not kw.get('fig_dir'):
         raise ValueError(
             "run_reference needs fig_dir=<the worth study's folder>/reference: its table reads that study."

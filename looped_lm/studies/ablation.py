@@ -5,10 +5,10 @@
 # %% ../../nbs/04d_ablation.ipynb #b8aa09d1
 from __future__ import annotations
 import hashlib, json, time, warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
-from ..core.config import ExperimentConfig, ConfigError, load_preset
+from ..core.config import ConfigError, load_preset
 from ..training.data import prepare_data
 from ..core.files import write_atomic, sweep_stale_tmp
 from ..training.train import train, TrainingError
@@ -21,35 +21,30 @@ from .variants import VARIANTS, check_seeds, check_variants
 from .tables import build_tables, read_throughput, to_markdown, write_tables
 from .claims import evaluate_claims, write_claims
 from .runner import repo_root, repo_relative, check_folder, check_spawn_guard, job_data
-from .runner import run_jobs, study_lock, check_device, check_workers
+from .runner import run_jobs, study_lock, check_device, check_workers, Job, Plan, StudyResult
 
 # %% auto #0
-__all__ = ['JOB_DEFAULTS', 'study_key', 'check_params', 'run_dir_of', 'train_and_diagnose', 'collect', 'Ablation', 'run_ablation',
+__all__ = ['JOB_DEFAULTS', 'study_key', 'check_params', 'train_and_diagnose', 'collect', 'table_markdown', 'run_ablation',
            'run_study']
 
 # %% ../../nbs/04d_ablation.ipynb #171ecc3c
-@dataclass
-class Study:
-    "A validated study: what to train and where everything goes. Nothing is created on disk until it runs."
+@dataclass(frozen=True)
+class Design:
+    "What an ablation crosses, its plan's `spec`: the preset, the variants and the seeds (each run is one of each)."
 
     preset: str
-    cfg: ExperimentConfig
     variants: list
     seeds: list
-    out_dir: Path  # runs live in out_dir/runs/<variant>-seed<seed>/, shared by every study of this out_dir
-    study_dir: Path  # records, tables, claims of this (variants, seeds)
-    fig_dir: Path
-    workers: int | None  # processes (in-process study) or jobs at once; None: the executor's default
 
-    @property
-    def runs(self) -> list:
-        "Every (variant, seed) of the study, in the official row order."
-        return [(v, s) for v in self.variants for s in self.seeds]
 
-    @property
-    def is_main(self) -> bool:
-        "Whether this is the out_dir's main study (every variant, the preset's seeds), not a subset beside it."
-        return self.study_dir == self.out_dir
+def run_dir_of(out_dir, variant: str, seed: int) -> Path:
+    "The run directory of (variant, seed): shared by every study that writes into `out_dir`."
+    return Path(out_dir) / 'runs' / f"{variant}-seed{seed}"
+
+
+def is_main(st: Plan) -> bool:
+    "Whether `st` is its out_dir's main study (every variant, the preset's seeds), not a subset beside it."
+    return st.study_dir == st.out_dir
 
 # %% ../../nbs/04d_ablation.ipynb #9e9357b0
 def study_key(variants, seeds) -> str:
@@ -64,9 +59,10 @@ def study_key(variants, seeds) -> str:
 # %% ../../nbs/04d_ablation.ipynb #38b51f06
 def check_params(
     preset='cpu', variants=None, seeds=None, out_dir=None, device='auto', fig_dir=None, workers=None, on_jobs=False
-) -> Study:
-    """Every parameter of a study validated, and every path decided, before any folder is created. `on_jobs`: the runs
-    train elsewhere (submitit jobs, or only planned), so this machine's device is neither checked nor counted."""
+) -> Plan:
+    """Every parameter of a study validated, and every path decided, before any folder is created: its `Plan`, one job
+    per (variant, seed). `on_jobs`: the runs train elsewhere (submitit jobs, or only planned), so this machine's device
+    is neither checked nor counted."""
     cfg = load_preset(preset)
     if check_device(device) != 'auto':
         cfg = cfg.replace(device=device)
@@ -84,20 +80,20 @@ def check_params(
     )
     check_folder(out, 'out_dir')
     check_folder(fig, 'fig_dir')
-    n_runs = len(names) * len(seeds)
+    jobs = [
+        Job(None, '', v, s, VARIANTS[v].config(cfg).replace(seed=s), run_dir_of(out, v, s))
+        for v in names
+        for s in seeds
+    ]
+    plan = Plan('ablation', preset, Design(preset, names, seeds), cfg, jobs, out, fig, None, None, study_dir)
     if workers is None and on_jobs:
-        return Study(preset, cfg, names, seeds, out, study_dir, fig, None)  # the executor's default
-    workers = check_workers(workers, n_runs, dev.type if dev is not None else 'cpu')
+        return plan  # the executor's default
+    plan.workers = check_workers(workers, len(jobs), dev.type if dev is not None else 'cpu')
     if not on_jobs:
-        check_spawn_guard(workers)  # a script without a __main__ guard: refused before any work
-    return Study(preset, cfg, names, seeds, out, study_dir, fig, workers)
+        check_spawn_guard(plan.workers)  # a script without a __main__ guard: refused before any work
+    return plan
 
 # %% ../../nbs/04d_ablation.ipynb #bdb1aaf3
-def run_dir_of(out_dir, variant: str, seed: int) -> Path:
-    "The run directory of (variant, seed): shared by every study that writes into `out_dir`."
-    return Path(out_dir) / 'runs' / f"{variant}-seed{seed}"
-
-
 def train_and_diagnose(job: dict) -> str:
     "Train (if needed) and diagnose one (variant, seed); in this process or in a worker. Returns its final state."
     data, t0, head = job_data(job), time.time(), job.get('head', job['label'])
@@ -137,36 +133,36 @@ def collect(out_dir, variants, seeds) -> list:
     return records
 
 # %% ../../nbs/04d_ablation.ipynb #2befc92a
-def study_throughput(st: Study, device: str, data) -> list:
+def study_throughput(st: Plan, device: str, data) -> list:
     "Tokens/s per exit depth, measured once per study on validation windows (cached in `study_dir/throughput.json`)."
-    key = dict(config=st.cfg.to_dict(), device=device)
+    key = dict(config=st.base.to_dict(), device=device)
     if (exits := read_throughput(st.study_dir, key)) is not None:
         return exits
     exits = exit_throughput(
-        st.cfg, data.validation, batch_size=st.cfg.batch_size, seq_len=st.cfg.seq_len, device=device
+        st.base, data.validation, batch_size=st.base.batch_size, seq_len=st.base.seq_len, device=device
     )
     write_atomic(st.study_dir / 'throughput.json', json.dumps(dict(key=key, exits=exits), indent=1))
     return exits
 
 # %% ../../nbs/04d_ablation.ipynb #b174d286
-def study_jobs(st: Study, data, data_dir, device: str, max_eval_batches, progress: bool) -> list:
+def study_jobs(st: Plan, data, data_dir, device: str, max_eval_batches, progress: bool) -> list:
     """One job per (variant, seed) of the study, for `train_and_diagnose`: its config, run folder and token data (`data`
     None: read from the token cache; `device` None: the job's machine decides)."""
     return [
         dict(
-            label=f"{v} seed {s}",
-            head=f"[{i}/{len(st.runs)}] {v} seed {s}",
-            variant=v,
-            seed=s,
-            cfg=VARIANTS[v].config(st.cfg).replace(seed=s),
-            run_dir=run_dir_of(st.out_dir, v, s),
+            label=j.label,
+            head=f"[{i}/{len(st.jobs)}] {j.label}",
+            variant=j.variant,
+            seed=j.seed,
+            cfg=j.cfg,
+            run_dir=j.run_dir,
             data=data,
             data_dir=data_dir,
             device=device,
             max_eval_batches=max_eval_batches,
             progress=progress,
         )
-        for i, (v, s) in enumerate(st.runs, 1)
+        for i, j in enumerate(st.jobs, 1)
     ]
 
 
@@ -203,7 +199,7 @@ def _run_one_when_free(job: dict) -> str:
     return work_when_free(train_and_diagnose, job, job['lock_wait'])
 
 
-def _run_as_jobs(st: Study, jobs: list, executor: str, data_dir, plan_only: bool, opts: dict, lock_wait: float = 0):
+def _run_as_jobs(st: Plan, jobs: list, executor: str, data_dir, plan_only: bool, opts: dict, lock_wait: float = 0):
     "The plan of `jobs`, printed before any spend; unless `plan_only`, every run as a submitit job: their outcomes."
     plan = cost_plan(jobs)
     print(plan, flush=True)
@@ -237,17 +233,17 @@ def _mark_failed(records: list, outcomes: list) -> list:
     return records
 
 # %% ../../nbs/04d_ablation.ipynb #0c9ad5d0
-def _announce(st: Study, jobs: list, executor: str, plan_only: bool, on_jobs: bool):
+def _announce(st: Plan, jobs: list, executor: str, plan_only: bool, on_jobs: bool):
     "Print the study about to run: how many runs of what, how they run, and where the results go."
     how = 'planned' if plan_only else f"{st.workers} worker(s)" if not on_jobs else f"{executor} jobs"
     print(
-        f"study: {len(jobs)} runs of {st.preset} ({', '.join(st.variants)} x seeds {st.seeds}), {how}; "
+        f"study: {len(jobs)} runs of {st.spec.preset} ({', '.join(st.spec.variants)} x seeds {st.spec.seeds}), {how}; "
         f"results in {repo_relative(st.study_dir)}",
         flush=True,
     )
 
 
-def _study_states(st: Study, jobs: list, outcomes, device, lock_wait: float) -> list:
+def _study_states(st: Plan, jobs: list, outcomes, device, lock_wait: float) -> list:
     "Each run's final state: its job's (`outcomes` of submitit jobs), else trained here by `run_jobs`."
     if outcomes is not None:
         return [o.state for o in outcomes]
@@ -256,40 +252,23 @@ def _study_states(st: Study, jobs: list, outcomes, device, lock_wait: float) -> 
     return run_jobs(jobs, mod.train_and_diagnose, st.workers, device, lock_wait)
 
 
-def _publish_locked(st: Study, states: list, outcomes, device, data) -> Ablation:
+def _publish_locked(st: Plan, states: list, outcomes, device, data) -> StudyResult:
     "Under the study lock: the records (locked runs, and failed jobs of `outcomes`, marked), published (`publish`)."
     st.study_dir.mkdir(parents=True, exist_ok=True)
     with study_lock(st.out_dir):
-        records = _mark_locked(collect(st.out_dir, st.variants, st.seeds), states, st.out_dir)
+        records = _mark_locked(collect(st.out_dir, st.spec.variants, st.spec.seeds), states, st.out_dir)
         records = _mark_failed(records, outcomes) if outcomes is not None else records
         throughput = None if outcomes is not None else study_throughput(st, device, data)  # jobs: measured nowhere here
         return publish(records, st, throughput)
 
 # %% ../../nbs/04d_ablation.ipynb #abl0res1
-@dataclass
-class Ablation:
-    """What a study made of its records: the `study` (what and where), one record per run, every table (`skipped`: why a
-    table was not made) and the claims, all of these records; `published`: whether its folder holds them (False:
-    publishing was refused, see `publish`); `plan`: a `plan_only` call's plan, nothing else; `throughput`: the study's
-    measured tokens/s per exit (None when measured nowhere here). The figures draw from it (`make_figures`)."""
-
-    study: Study
-    records: list = field(default_factory=list)
-    tables: dict = field(default_factory=dict)
-    skipped: dict = field(default_factory=dict)
-    claims: dict | None = None
-    published: bool = False
-    plan: object = None
-    throughput: list | None = None
-
-    def table_markdown(self, name: str) -> str:
-        "Table `name` as Markdown, or the line saying why it was skipped."
-        if name in self.tables:
-            return to_markdown(self.tables[name])
-        plan = 'nothing was run: a plan' if self.plan is not None else None
-        return (
-            f"{name}: skipped ({self.skipped.get(name) or plan or 'no such table; tables: ' + ', '.join(self.tables)})"
-        )
+def table_markdown(result: StudyResult, name: str) -> str:
+    "Table `name` of an ablation's result as Markdown, or the line saying why it was skipped (or that nothing ran)."
+    if name in result.tables:
+        return to_markdown(result.tables[name])
+    plan = 'nothing was run: a plan' if 'cost_plan' in result.notes else None
+    why = result.notes.get('skipped', {}).get(name) or plan or 'no such table; tables: ' + ', '.join(result.tables)
+    return f"{name}: skipped ({why})"
 
 # %% ../../nbs/04d_ablation.ipynb #0c9ad5cb
 JOB_DEFAULTS = dict(gpus_per_job=1, timeout_min=24 * 60)  # of a submitit job, unless a study says otherwise
@@ -310,7 +289,7 @@ def run_ablation(
     executor: str = 'inprocess',
     plan_only=False,
     **job_options,
-) -> Ablation:
+) -> StudyResult:
     """Train what is missing, diagnose every run, then (under the study lock) write records, tables and claims.
     `executor` 'local', 'slurm' or 'debug': one submitit job per run (`job_options`: `submit_jobs`' gpus_per_job,
     timeout_min, partition, slurm_options), at most `workers` at once; the study read back (`plan_only`: its plan)."""
@@ -321,7 +300,7 @@ def run_ablation(
 
 # %% ../../nbs/04d_ablation.ipynb #0c9aef74
 def run_study(
-    st: Study,
+    st: Plan,
     data_dir=None,
     progress=True,
     max_eval_batches=None,
@@ -329,21 +308,21 @@ def run_study(
     executor='inprocess',
     plan_only=False,
     **job_options,
-) -> Ablation:
+) -> StudyResult:
     """`run_ablation` for a study `check_params` validated (with `check_study_executor`'s `executor`): what is missing
-    trained, every run diagnosed, records, tables and claims published (`Ablation`); `plan_only`: the plan."""
+    trained, every run diagnosed, records, tables and claims published (`StudyResult`); `plan_only`: the plan."""
     plan_only = as_flag(plan_only, 'plan_only')
     on_jobs, opts = executor != 'inprocess' or plan_only, {**JOB_DEFAULTS, **job_options}
     lock_wait = check_lock_wait(lock_wait)
-    data = None if on_jobs else prepare_data(st.cfg, data_dir=data_dir)  # the token cache, before any worker starts
-    dev = None if on_jobs else str(resolve_device(st.cfg))  # None: each job's machine decides
+    data = None if on_jobs else prepare_data(st.base, data_dir=data_dir)  # the token cache, before any worker starts
+    dev = None if on_jobs else str(resolve_device(st.base))  # None: each job's machine decides
     jobs = study_jobs(st, data, data_dir, dev, max_eval_batches, progress)
     _announce(st, jobs, executor, plan_only, on_jobs)
     outcomes = None  # in-process: no job outcomes
     if on_jobs:
         outcomes = _run_as_jobs(st, jobs, executor, data_dir, plan_only, opts, lock_wait)
         if plan_only:
-            return Ablation(st, plan=outcomes)
+            return StudyResult(st, notes=dict(cost_plan=outcomes))
     states = _study_states(st, jobs, outcomes, dev, lock_wait)
     return _publish_locked(st, states, outcomes, dev, data)
 
@@ -354,7 +333,7 @@ def _published_done(study_dir: Path) -> set:
     return {(r.get('variant'), r.get('seed')) for r in recs if isinstance(r, dict) and r.get('status') == 'done'}
 
 
-def publish(records, st: Study, throughput=None) -> Ablation:
+def publish(records, st: Plan, throughput=None) -> StudyResult:
     """records.json, the tables and claims.json/.md of `records` into `study_dir`, under `study_lock` (figures:
     `make_figures`), and what was written; never fewer finished runs than were published: then the published study
     stays, with a warning, and this call's tables and claims are made in memory only (`published` False)."""
@@ -367,8 +346,8 @@ def publish(records, st: Study, throughput=None) -> Ablation:
             f"again when they are free; delete {st.study_dir / 'records.json'} to publish fewer runs on purpose."
         )
         tables, skipped = build_tables(records, throughput)
-        claims = evaluate_claims(records, st.preset)
-        return Ablation(st, records, tables, skipped, claims, published=False, throughput=throughput)
+        claims = evaluate_claims(records, st.spec.preset)
+        return StudyResult(st, records, tables, claims, False, dict(skipped=skipped, throughput=throughput))
     sweep_stale_tmp(st.study_dir)
     write_atomic(
         st.study_dir / 'records.json',
@@ -376,8 +355,10 @@ def publish(records, st: Study, throughput=None) -> Ablation:
     )
     write_atomic(
         st.study_dir / 'study.json',
-        json.dumps(dict(kind='ablation', preset=st.preset, variants=st.variants, seeds=st.seeds), indent=1),
+        json.dumps(
+            dict(kind='ablation', preset=st.spec.preset, variants=st.spec.variants, seeds=st.spec.seeds), indent=1
+        ),
     )
     tables, skipped = write_tables(records, st.study_dir, throughput)
     claims = write_claims(records, st.study_dir)
-    return Ablation(st, records, tables, skipped, claims, published=True, throughput=throughput)
+    return StudyResult(st, records, tables, claims, True, dict(skipped=skipped, throughput=throughput))

@@ -18,8 +18,8 @@ from ..model.lemmas import radial_fraction
 from ..model.looped import LoopedLMConfig, forward_flops_per_token
 from .variants import VARIANTS, check_variants, check_seeds
 from .tables import endpoint, read_throughput
-from .ablation import Ablation, collect
-from .runner import study_lock
+from .ablation import collect
+from .runner import StudyResult, study_lock
 from ..core.config import ConfigError
 import matplotlib
 from .tables import endpoint_correlations
@@ -81,7 +81,7 @@ class Results:
 
 # %% ../../nbs/04e_figures.ipynb #fa714abc
 def results_of(records, out_dir, throughput=None, found=None, variants=None) -> Results:
-    """A `Results` of the ablation's records (`collect`'s, or an `Ablation`'s): the finished runs by variant; a run not
+    """A `Results` of the ablation's records (`collect`'s, or a study result's): the finished runs by variant; a run not
     finished is a note (`found`: only those whose folder exists), as is a variant (`variants`) with no finished run."""
     runs, notes = {}, []
     for r in records:
@@ -612,20 +612,23 @@ def draw_figures(res: Results, fig_dir, show: bool = False, verbose: bool = True
 # %% ../../nbs/04e_figures.ipynb #ee6a2bcf
 def make_figures(study, fig_dir=None, variants=None, seeds=None, show: bool = False, verbose: bool = True) -> FigureSet:
     """Draw every figure that a study's results allow into `fig_dir`; say what was skipped and why. `study`: the
-    `Ablation` that `run_ablation` returned (drawn from its records, nothing read again; `fig_dir` default: its own), or
+    `StudyResult` that `run_ablation` returned (drawn from its records, nothing read again; `fig_dir` default: its
+    own), or
     a results folder, read back (`variants`, `seeds`: only these; `fig_dir` default: `out_dir/figures`). Drawn under the
     study's lock, so no other process writes the study while its figures are drawn."""
-    folder = Path(study.study.out_dir if isinstance(study, Ablation) else study)
+    folder = Path(study.plan.out_dir if isinstance(study, StudyResult) else study)
     with study_lock(folder) if folder.is_dir() else contextlib.nullcontext():  # no folder: the reader says so
         return _make_figures(study, fig_dir, variants, seeds, show, verbose)
 
 
 def _make_figures(study, fig_dir, variants, seeds, show: bool, verbose: bool) -> FigureSet:
     "`make_figures` under the study's lock."
-    if isinstance(study, Ablation):
+    if isinstance(study, StudyResult):
         if variants is not None or seeds is not None:
-            raise ConfigError("an Ablation is drawn whole: to draw some variants or seeds, pass its results folder.")
-        st = study.study
+            raise ConfigError(
+                "a study's result is drawn whole: to draw some variants or seeds, pass its results folder."
+            )
+        st = study.plan
         if not study.published and Path(fig_dir or st.fig_dir).resolve() == Path(st.fig_dir).resolve():
             raise ResultsError(
                 f"{st.study_dir} kept its published study: these records were not published, so their figures would "
@@ -633,7 +636,7 @@ def _make_figures(study, fig_dir, variants, seeds, show: bool, verbose: bool) ->
                 "another fig_dir to draw these records there."
             )
         fig_dir = check_fig_dir(fig_dir if fig_dir is not None else st.fig_dir)  # refused before any drawing
-        res = results_of(study.records, st.out_dir, study.throughput, variants=st.variants)
+        res = results_of(study.records, st.out_dir, study.notes.get('throughput'), variants=st.spec.variants)
     else:
         fig_dir = check_fig_dir(fig_dir if fig_dir is not None else Path(study) / 'figures')  # before any reading
         res = load_results(study, variants, seeds)

@@ -34,10 +34,10 @@ from ..training.rundir import run_status, RunDirError, latest_checkpoint
 # %% auto #0
 __all__ = ['STUDY_LOCK_WAIT', 'REBUILDERS', 'GPU_BENCH', 'EXECUTORS', 'repo_root', 'repo_relative', 'check_folder',
            'default_workers', 'check_device', 'check_workers', 'grid_dirs', 'WorkerError', 'spawn_refusal',
-           'check_spawn_guard', 'job_data', 'check_lock_wait', 'study_lock', 'work_when_free', 'run_jobs', 'plan_data',
-           'GridStudy', 'finish_grid', 'import_work', 'check_options', 'run_grid', 'register_rebuild', 'rebuild',
-           'write_records', 'load_bench', 'data_key', 'cache_files', 'prepare_once', 'DataNotReady', 'check_executor',
-           'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
+           'check_spawn_guard', 'job_data', 'check_lock_wait', 'study_lock', 'work_when_free', 'run_jobs', 'Job',
+           'Plan', 'StudyResult', 'plan_data', 'GridStudy', 'finish_grid', 'import_work', 'check_options', 'run_grid',
+           'register_rebuild', 'rebuild', 'write_records', 'load_bench', 'data_key', 'cache_files', 'prepare_once',
+           'DataNotReady', 'check_executor', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
 
 # %% ../../nbs/04a_runner.ipynb #ae478dee
 def repo_root() -> Path:
@@ -320,6 +320,61 @@ def run_jobs(jobs: list, work, workers: int = 1, device: str = 'cpu', lock_wait:
         time.sleep(poll if held else 0)
     return states
 
+# %% ../../nbs/04a_runner.ipynb #90839257
+@dataclass(frozen=True)
+class Job:
+    "One run of a study: its grid `cell` and its `name`, variant, seed, config, run folder, kept folder and kept steps."
+
+    cell: object
+    name: str
+    variant: str
+    seed: int
+    cfg: ExperimentConfig
+    run_dir: Path
+    keep_dir: Path | None = None  # the folder its work locks and keeps measurements in: None, the run folder
+    steps: tuple = ()  # the steps whose checkpoints it keeps and measures (none: its end only)
+
+    def __post_init__(self):
+        object.__setattr__(self, 'keep_dir', Path(self.keep_dir or self.run_dir))
+
+    @property
+    def label(self) -> str:
+        "How progress lines and errors name the run: its cell, variant and seed."
+        return f"{self.name} {self.variant} seed {self.seed}".lstrip()  # an ablation's runs have no cell
+
+
+@dataclass
+class Plan:
+    "A checked study: kind, grid, spec, base config, jobs, folders, device and workers. Nothing exists on disk yet."
+
+    kind: str
+    grid: str
+    spec: object
+    base: ExperimentConfig
+    jobs: list
+    out_dir: Path
+    fig_dir: Path
+    device: str | None = None  # None: each job's machine decides
+    workers: int | None = 1
+    study_dir: Path | None = None  # where records, tables and verdicts go; None: out_dir
+
+    def __post_init__(self):
+        self.study_dir = Path(self.out_dir if self.study_dir is None else self.study_dir)
+
+# %% ../../nbs/04a_runner.ipynb #40273bc4
+@dataclass
+class StudyResult:
+    """What every study returns: its `plan`, `records` (one per run, or per run and kept step), `tables` ({name:
+    frame}), `verdicts` (its claims or rules; None where it tests none), whether its folder holds them (`published`)
+    and `notes`, what only its kind has (tables skipped and why, throughput, fits, a reading, states, a cost plan)."""
+
+    plan: Plan
+    records: list = field(default_factory=list)
+    tables: dict = field(default_factory=dict)
+    verdicts: dict | None = None
+    published: bool = False
+    notes: dict = field(default_factory=dict)
+
 # %% ../../nbs/04a_runner.ipynb #84cb5cc0
 def run_plan_jobs(plan, work, data, data_dir, lock_wait: float, progress: bool, **job_fields) -> list:
     """The states of a grid study's runs after `run_jobs` (`plan.workers` at once): one job per `plan.jobs` item (its
@@ -378,7 +433,7 @@ def import_work(ref: str):
 def check_options(study: GridStudy, options: dict):
     "Refuse an option `study.check` does not take, naming the ones it does, before anything is planned or read."
     params = inspect.signature(study.check).parameters
-    fixed = ('grid', 'out_dir', 'fig_dir', 'device', 'workers')
+    fixed = ('grid', 'out_dir', 'fig_dir', 'device', 'workers', 'kind')  # kind: the study's own name, bound once
     own = [n for n, p in params.items() if n not in fixed and p.kind is not inspect.Parameter.VAR_KEYWORD]
     if unknown := [k for k in options if k not in own]:
         raise ConfigError(
