@@ -24,7 +24,7 @@ from looped_lm.extensions.horizon import (
     horizon_key,
     run_horizon,
 )
-from looped_lm.extensions.grid import cached_record, put_record, read_records
+from looped_lm.studies.kept import cached_record, put_record, read_records
 from looped_lm.extensions.horizon import (
     CLOCKS,
     PAPER_CLOCK,

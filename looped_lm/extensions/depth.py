@@ -24,8 +24,8 @@ from ..studies.variants import VARIANTS, GROUPS, Variant, check_seeds
 from ..studies.runner import check_device, check_workers, grid_dirs, job_data
 from ..studies.runner import GridStudy, Job, Plan, StudyResult, plan_data, register_rebuild, run_grid
 from ..studies.tables import read_run_records
-from .grid import advance_kept, kept_dir, kept_records, load_kept, publish_records, read_records
-from .grid import record_once
+from ..studies.kept import advance_kept, kept_dir, kept_records, load_kept, publish_records, read_records
+from ..studies.kept import record_once
 
 # %% auto #0
 __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'DEPTH_GRIDS', 'DEPTH_VERSION', 'RECORDS', 'RULES', 'AT_RISK_V',
@@ -649,11 +649,12 @@ ROW_COLUMNS = [
 
 
 def depth_table(records: list) -> pd.DataFrame:
-    "One row per (arm, variant, seed, step), in the study's variant order."
-    df = pd.DataFrame([depth_row(r) for r in records])
-    df['order'] = [list(DEPTH_VARIANTS).index(v) for v in df.variant]
+    "One row per (arm, variant, seed, step), in the study's variant order (a grid's own variants after, by name)."
+    df, order = pd.DataFrame([depth_row(r) for r in records]), list(DEPTH_VARIANTS)
+    df['order'] = [order.index(v) if v in order else len(order) for v in df.variant]
     df = df.sort_values(
-        ['arm', 'order', 'seed', 'step'], key=lambda c: c.map({REFERENCE_ARM: ''}).fillna(c) if c.name == 'arm' else c
+        ['arm', 'order', 'variant', 'seed', 'step'],
+        key=lambda c: c.map({REFERENCE_ARM: ''}).fillna(c) if c.name == 'arm' else c,
     )
     return df.drop(columns='order').set_index(['arm', 'variant', 'seed', 'step'])
 

@@ -40,7 +40,7 @@ from ..measure.protocol import as_spec
 from ..studies.tables import to_markdown
 from ..studies.claims import HALT_POLICY, measures
 from .scaling import add_c6, token_budgets, train_flops
-from looped_lm.extensions.grid import (
+from looped_lm.studies.kept import (
     advance_kept,
     keep_checkpoint,
     kept_dir,

@@ -24,8 +24,8 @@ from .runner import repo_root, repo_relative, check_folder, check_spawn_guard, j
 from .runner import run_jobs, study_lock, check_device, check_workers, Job, Plan, StudyResult
 
 # %% auto #0
-__all__ = ['JOB_DEFAULTS', 'study_key', 'check_params', 'train_and_diagnose', 'collect', 'table_markdown', 'run_ablation',
-           'run_study']
+__all__ = ['JOB_DEFAULTS', 'Design', 'run_dir_of', 'is_main', 'study_key', 'check_params', 'train_and_diagnose', 'collect',
+           'table_markdown', 'run_ablation', 'run_study']
 
 # %% ../../nbs/04d_ablation.ipynb #171ecc3c
 @dataclass(frozen=True)
