@@ -19,8 +19,8 @@ PARTS = {
     'model': 'the looped model, generation and saved folders; the two lemmas, checked on it',
     'training': 'the corpus and tokenizers, token data, run folders and checkpoints, the trainer',
     'measure': 'the loop spec of any looped model and its checks, halting, radial fractions, the diagnostics, hooks',
-    'studies': "variants, the runner and its jobs, tables, claims, the ablation's machinery, figures",
-    'extensions': 'our studies beyond the paper: growth laws, scaling, the grid skeleton, horizon, depth, depth-worth',
+    'studies': 'variants, the runner (one plan, job, result), tables, claims, the ablation, figures, kept checkpoints',
+    'extensions': 'our studies beyond the paper: growth laws, scaling, horizon, depth, depth-worth, the dose of drift',
     'interop': 'the model outside the repository: run folders as models, transformers, lm-evaluation-harness',
 }
 # (chapter, module it exports or None), in reading order; a chapter's number is its part's (00 = core, ...), except

@@ -17,12 +17,12 @@ def test_an_unrun_scaling_grid_never_overwrites_the_committed_rows(tmp_path):
 
     fig = tmp_path / 'fig'
     shutil.copytree(FIGURES / 'scaling-cpu', fig)
-    before = {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()}
+    before = {p: p.read_bytes() for p in fig.rglob('*') if p.is_file()}  # the records too
     plan = check_scaling('cpu', out_dir=tmp_path / 'out', fig_dir=fig)
     unrun = published_rows(fig).assign(status='missing')
     with pytest.raises(ConfigError, match='37 measured row'):
         write_results(scaling_result(plan, unrun, {}, pd.DataFrame(), ''))
-    assert {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()} == before  # nothing written
+    assert {p: p.read_bytes() for p in fig.rglob('*') if p.is_file()} == before  # nothing written
     assert not (tmp_path / 'out' / 'records').exists()
 
 
@@ -138,9 +138,36 @@ def test_a_scaling_folder_belongs_to_its_grid(tmp_path):
     assert json.loads((fig / 'study.json').read_text()) == dict(
         kind='scaling', grid='cpu', preset=spec.preset, options=options
     )
-    before = {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()}
+    before = {p: p.read_bytes() for p in fig.rglob('*') if p.is_file()}  # the records too
     plan = check_scaling('tiny', out_dir=tmp_path / 'out', fig_dir=fig)
     table = published_rows(fig)
     with pytest.raises(StudyFolderError, match="grid 'cpu' there, 'tiny' here"):
         write_results(scaling_result(plan, table, {}, pd.DataFrame(), ''))
-    assert {p.name: p.read_bytes() for p in fig.iterdir() if p.is_file()} == before  # nothing written
+    assert {p: p.read_bytes() for p in fig.rglob('*') if p.is_file()} == before  # nothing written
+
+
+def test_an_ablation_never_publishes_over_another_studys_records(tmp_path):
+    """Issue 57 (a second reader's finding): the ablation's records are one file per run in `records/`, so publishing
+    the main study into a copy of another study's folder would delete that study's files. A folder of another kind is
+    refused before anything is written; a folder of the same study that holds finished runs this call could not read
+    keeps them (the published study stays, with a warning)."""
+    import warnings
+    from looped_lm.core.files import StudyFolderError
+    from looped_lm.studies.ablation import check_params, publish
+    from looped_lm.studies.tables import synthetic_study
+
+    worth, cpu = tmp_path / 'depth-worth', tmp_path / 'cpu-3seeds'
+    shutil.copytree(FIGURES / 'depth-worth', worth)
+    shutil.copytree(FIGURES / 'cpu-3seeds', cpu)
+    before = {p: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()}
+    st = check_params('smoke', out_dir=worth)
+    with pytest.raises(StudyFolderError, match="kind 'worth' there, 'ablation' here"):
+        publish(synthetic_study(tuple(st.spec.seeds), variants=st.spec.variants), st)
+    st = check_params('cpu', out_dir=cpu)
+    assert st.study_dir == cpu  # the main study of that folder
+    missing = [dict(variant=v, seed=s, status='missing', message='') for v in st.spec.variants for s in st.spec.seeds]
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        assert publish(missing, st).published is False
+    assert 'keeps its published records' in str(w[-1].message)
+    assert {p: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()} == before  # nothing written, nothing lost

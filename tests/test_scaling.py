@@ -14,7 +14,7 @@ from looped_lm.training.rundir import run_status
 from looped_lm.training.rundir import latest_checkpoint
 from looped_lm.studies.variants import AT_RISK
 from looped_lm.extensions.scaling import Grid, estimate_seconds, scaling_points
-from looped_lm.extensions.scaling import check_scaling, measure_key, measure_run, read_measure, run_scaling
+from looped_lm.extensions.scaling import check_scaling, grid_points, measure_key, measure_run, read_measure, run_scaling
 from looped_lm.extensions.growth import PAPER_TOKENS, fit_growth, local_slopes, t_quantile
 from looped_lm.extensions.scaling import draw_scaling
 
@@ -90,7 +90,7 @@ def test_variants_and_seeds_in_every_accepted_form(tmp_path):
 def test_cpu_grid_plan(tmp_path):
     "40 runs with distinct folders, the official recipe's optimiser, and 38.4 centre runs' worth of training FLOPs."
     plan = check_scaling('cpu', out_dir=tmp_path / 'out')
-    assert len(plan.points) == 10 and len(plan.jobs) == 40 and len({j.run_dir for j in plan.jobs}) == 40
+    assert len(grid_points(plan)) == 10 and len(plan.jobs) == 40 and len({j.run_dir for j in plan.jobs}) == 40
     assert {j.cfg.readout for j in plan.jobs} == {'rmsnorm', 'raw', 'final_norm'}
     official = [j.cfg for j in plan.jobs if j.cell.name == 'lr_wd-official']
     assert all(

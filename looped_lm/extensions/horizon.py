@@ -572,7 +572,7 @@ def analyse(plan: Plan, table: pd.DataFrame, states: list = ()) -> StudyResult:
         collapse=collapse_test(table, variants) if len(table) else pd.DataFrame(),
         dose=dose_response(table) if len(table) else pd.DataFrame(),
     )
-    return StudyResult(plan, table.to_dict('records'), tables, None, False, dict(states=list(states), law=law))
+    return StudyResult(plan, table.to_dict('records'), tables, None, False, dict(states=list(states or ()), law=law))
 
 # %% ../../nbs/06c_horizon.ipynb #8212b8e4
 NOT_CARRIED = (
@@ -642,8 +642,7 @@ def finish_horizon(plan: Plan, data, states: list) -> StudyResult:
     res = analyse(plan, horizon_table(records), states)
     write_horizon(res)
     publish_records(plan.jobs, records, plan.fig_dir)
-    if Path(plan.fig_dir) != Path(plan.out_dir):
-        horizon_pages(plan.fig_dir, plan, states)
+    horizon_pages(plan.fig_dir, plan, states)  # what the folder publishes: its records, kept ones included
     return dataclasses.replace(res, published=True)
 
 

@@ -641,7 +641,8 @@ def write_results(res: StudyResult):
     "The per-run records (`records/`, every column), the pages and the reading, in the study folder and the figures'."
     out, t, spec = res.plan.out_dir, res.tables['runs'], res.plan.spec
     options = dict(measure_tokens=spec.measure_tokens, radial_tokens=spec.radial_tokens)  # its evaluation budget
-    own_folder(res.plan.fig_dir, dict(kind='scaling', grid=res.plan.grid, preset=spec.preset, options=options))
+    identity = dict(kind='scaling', grid=res.plan.grid, preset=res.plan.base.name, options=options)  # its centre's
+    own_folder(res.plan.fig_dir, identity)
     kept_measured(t, res.plan.fig_dir)  # the published folder (committed) never loses a measured row
     none = lambda v: None if isinstance(v, float) and np.isnan(v) else v  # noqa: E731  (JSON has no NaN)
     rows = [{k: none(v) for k, v in r.items()} for r in t.to_dict('records')]
@@ -707,6 +708,8 @@ def rebuild_scaling(folder) -> pd.DataFrame:
     """`scaling.md` and `growth.csv`/`.md` of a published grid rebuilt from its `records/` alone (the grid and centre
     its `study.json` names); the growth table."""
     identity = json.loads((Path(folder) / 'study.json').read_text())
+    if identity['grid'] not in GRIDS:
+        raise ConfigError(f"{folder} holds a custom scaling grid: rebuild its pages with write_pages(folder, ...).")
     plan = check_scaling(identity['grid'], folder, folder, 'cpu', preset=identity['preset'])
     table = published_table(plan, folder)
     growth = growth_table(table, plan)[1]

@@ -12,18 +12,20 @@ from ..core.files import write_atomic
 from ..studies.claims import GATE, claims_markdown
 from ..studies.tables import to_markdown
 import dataclasses
+from functools import partial
+from ..core.config import ConfigError
 from ..studies.runner import StudyResult, run_grid
 from ..studies.variants import Variant
 import math
 from .depth import DepthGrid, depth_row, depth_table
 from .depth import read_depth_records, rule_r1, mixed_lines
 from .depth import official_claims, ROW_COLUMNS, AT_RISK_V, PER_LOOP_CONTROLS
-from .depth import missing_runs, not_measured, RULE_KINDS, depth_study
+from .depth import missing_runs, not_measured, RULE_KINDS, depth_study, publish_depth
 
 # %% auto #0
 __all__ = ['WORTH_VARIANTS', 'WORTH_GRIDS', 'NOT_REPRODUCED', 'WORTH', 'ONE_PASS_PENALTY', 'REFERENCE_GRIDS', 'REFERENCE_NUMBERS',
-           'WORTH_REFERENCE', 'worth_rules', 'write_worth', 'rebuild_worth', 'run_worth', 'reference_rows',
-           'reference_markdown', 'write_reference', 'run_reference']
+           'WORTH_REFERENCE', 'worth_rules', 'write_worth', 'rebuild_worth', 'publish_worth', 'run_worth',
+           'reference_rows', 'reference_markdown', 'write_reference', 'run_reference']
 
 # %% ../../nbs/06e_worth.ipynb #wor00007
 WORTH_VARIANTS = (
@@ -183,14 +185,23 @@ def write_worth(folder, records: list, seeds=(1, 2, 3)) -> dict:
 
 def rebuild_worth(folder, seeds=None) -> dict:
     """Every table and rule of a depth-worth study rebuilt from its `records/` alone; `seeds`: the design's (default:
-    those of the grid its `study.json` names; a custom grid's: the seeds its records hold)."""
-    records, grid = read_depth_records(folder), json.loads((Path(folder) / 'study.json').read_text())['grid']
+    those of the grid its `study.json` names; a custom grid's are given: its records cannot say a seed is missing)."""
     if seeds is None:
-        seeds = WORTH_GRIDS[grid].seeds if grid in WORTH_GRIDS else sorted({r['seed'] for r in records})
-    return write_worth(folder, records, seeds)
+        grid = json.loads((Path(folder) / 'study.json').read_text())['grid']
+        if grid not in WORTH_GRIDS:
+            raise ConfigError(
+                f"{folder} holds a custom worth grid: give its design's seeds, rebuild_worth(folder, seeds)."
+            )
+        seeds = WORTH_GRIDS[grid].seeds
+    return write_worth(folder, read_depth_records(folder), seeds)
 
 # %% ../../nbs/06e_worth.ipynb #wor00020b
-WORTH = depth_study('worth', WORTH_GRIDS, rebuild_worth)  # published as the kind `worth`, rebuilt by `rebuild_worth`
+def publish_worth(plan, data, states: list = None, remove_stale: bool = False) -> StudyResult:
+    "`publish_depth` with the worth study's tables over the plan's own seeds (a custom grid's too): how `WORTH` ends."
+    return publish_depth(plan, data, states, partial(rebuild_worth, seeds=plan.spec.seeds), remove_stale)
+
+
+WORTH = dataclasses.replace(depth_study('worth', WORTH_GRIDS, rebuild_worth), finish=publish_worth)  # kind `worth`
 
 
 def run_worth(grid='worth-tiny', **kw) -> StudyResult:

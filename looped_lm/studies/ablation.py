@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from ..core.config import ConfigError, load_preset
 from ..training.data import prepare_data
-from ..core.files import write_atomic, sweep_stale_tmp
+from ..core.files import own_folder, read_json_lines, write_atomic, sweep_stale_tmp
 from ..training.train import train, TrainingError
 from ..training.train import resolve_device
 from ..training.rundir import read_json
@@ -328,8 +328,9 @@ def run_study(
 
 # %% ../../nbs/04d_ablation.ipynb #acac9aa8
 def _published_done(study_dir: Path) -> set:
-    "(variant, seed) of every finished run in the study's published `records.json` (none when it has none)."
+    "(variant, seed) of every finished run the study folder publishes: its `records.json` and its `records/`."
     recs = read_json(study_dir / 'records.json', [], damaged=lambda p, e: [])
+    recs += [r for p in sorted((study_dir / 'records').glob('*.jsonl')) for r in read_json_lines(p)]
     return {(r.get('variant'), r.get('seed')) for r in recs if isinstance(r, dict) and r.get('status') == 'done'}
 
 
@@ -337,13 +338,15 @@ def publish(records, st: Plan, throughput=None) -> StudyResult:
     """records.json, the tables and claims.json/.md of `records` into `study_dir`, under `study_lock` (figures:
     `make_figures`), and what was written; never fewer finished runs than were published: then the published study
     stays, with a warning, and this call's tables and claims are made in memory only (`published` False)."""
+    own_folder(st.study_dir, dict(kind='ablation', preset=st.spec.preset))  # never another study's folder
     lost = _published_done(st.study_dir) - {(r['variant'], r['seed']) for r in records if r['status'] == 'done'}
     if lost:
         names = ', '.join(f"{v}-seed{s}" for v, s in sorted(lost, key=str))
         warnings.warn(
             f"{st.study_dir} keeps its published records, tables and claims: they hold finished runs that this study "
             f"could not read now ({names}: locked by another process, failed or damaged since). Run the same command "
-            f"again when they are free; delete {st.study_dir / 'records.json'} to publish fewer runs on purpose."
+            f"again when they are free; delete {st.study_dir / 'records.json'} and those runs' files in records/ to "
+            "publish fewer runs on purpose."
         )
         tables, skipped = build_tables(records, throughput)
         claims = evaluate_claims(records, st.spec.preset)

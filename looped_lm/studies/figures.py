@@ -624,6 +624,9 @@ def make_figures(study, fig_dir=None, variants=None, seeds=None, show: bool = Fa
 def _make_figures(study, fig_dir, variants, seeds, show: bool, verbose: bool) -> FigureSet:
     "`make_figures` under the study's lock."
     if isinstance(study, StudyResult):
+        if study.plan.kind != 'ablation' or 'cost_plan' in study.notes:
+            what = 'a plan: nothing was run' if 'cost_plan' in study.notes else f"a {study.plan.kind} study"
+            raise ConfigError(f"make_figures draws an ablation's result; this is {what} (its own chapter draws it).")
         if variants is not None or seeds is not None:
             raise ConfigError(
                 "a study's result is drawn whole: to draw some variants or seeds, pass its results folder."

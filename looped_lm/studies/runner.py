@@ -480,7 +480,8 @@ def register_rebuild(kind: str, rebuild: Callable) -> Callable:
 
 def rebuild(folder):
     """Every table and verdict of the published study in `folder` rebuilt from its `records/` alone, by the rebuild its
-    `study.json`'s kind registered; what that gives (the verdicts). A folder that cannot be rebuilt names why."""
+    `study.json`'s kind registered; what that rebuild returns (its kind's: claims, rules, a table). A folder that
+    cannot be rebuilt (no records, an unknown kind, a custom grid that names no design) is refused, saying why."""
     folder = Path(folder)
     meta = folder / 'study.json'
     try:
