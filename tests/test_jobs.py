@@ -156,7 +156,7 @@ def test_a_preempted_job_resumes_to_identical_weights(tmp_path, smoke_data):
     job = study_jobs('smoke', ['perloop-rmsnorm'], tmp_path / 'study', seeds=[0], **ov)[0]
     prepared = J.prepare_once([job], verbose=False)
     ex = J.make_executor('local', tmp_path / 'jobs', gpus_per_job=0, timeout_min=60)  # USR2 before 48 min: preempted
-    sub = ex.submit(J.StudyJob(train_and_diagnose, job, prepared[J.data_key(job['cfg'])]))
+    sub = ex.submit(J.SubmittedWork(train_and_diagnose, job, prepared[J.data_key(job['cfg'])]))
     J.wait_for(lambda: latest_checkpoint(job['run_dir']) is not None or sub.done())
     assert not sub.done(), f'the job ended before its first checkpoint was seen: {sub.stderr()}'
     assert J.preempt(sub)

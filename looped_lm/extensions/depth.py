@@ -31,9 +31,9 @@ from ..studies.kept import record_once
 __all__ = ['ONE_PASS', 'DEPTH_VARIANTS', 'DOSE', 'OFFICIAL', 'DEPTH_GRIDS', 'DEPTH_VERSION', 'RECORDS', 'RULES', 'AT_RISK_V',
            'RAW_V', 'ONE_V', 'TERMINAL_V', 'PER_LOOP_CONTROLS', 'RULE_KINDS', 'ROW_COLUMNS', 'DEPTH', 'dose_variant',
            'khop_data', 'khop_corpus', 'DepthGrid', 'depth_base', 'check_depth', 'depth_key', 'depth_row', 'arm_runs',
-           'rule_r1', 'official_claims', 'spearman', 'rule_r3', 'missing_runs', 'not_measured', 'depth_rules',
-           'depth_table', 'mixed_lines', 'read_depth_records', 'write_depth', 'rebuild_depth', 'plan_records',
-           'publish_depth', 'depth_data', 'depth_fields', 'run_depth', 'depth_study']
+           'depth_is_worth', 'official_claims', 'spearman', 'gain_follows_dose', 'missing_runs', 'not_measured',
+           'depth_rules', 'depth_table', 'mixed_lines', 'read_depth_records', 'write_depth', 'rebuild_depth',
+           'plan_records', 'publish_depth', 'depth_data', 'depth_fields', 'run_depth', 'depth_study']
 
 # %% ../../nbs/06d_depth.ipynb #a2e5e010
 def dose_variant(lam: float) -> Variant:
@@ -374,7 +374,7 @@ def arm_runs(records: list, arm: str, step: int, variants=None) -> list:
     ]
 
 
-def rule_r1(records: list, arm: str, step: int) -> dict:
+def depth_is_worth(records: list, arm: str, step: int) -> dict:
     "R1: the claims' one testability gate of C3 and C7 (`depth_gate`) on the arm's runs at `step`."
     gate = depth_gate(arm_runs(records, arm, step))
     if 'mean' not in gate:
@@ -405,7 +405,7 @@ def spearman(x, y) -> float:
     return round(float(np.corrcoef(rx, ry)[0, 1]), 12) if rx.std() > 0 and ry.std() > 0 else float('nan')
 
 
-def rule_r3(rows: list, arm: str, step: int) -> dict:
+def gain_follows_dose(rows: list, arm: str, step: int) -> dict:
     "R3: per seed, Spearman rho(gain to the best exit, ln s) over the dose; read where the dose moves the drift."
     cell, seeds = _cell(rows, arm, step), _seeds(rows)
     if any((v, s) not in cell for v in DOSE for s in seeds):
@@ -426,7 +426,7 @@ def rule_r3(rows: list, arm: str, step: int) -> dict:
     return dict(out, verdict='undecided')
 
 # %% ../../nbs/06d_depth.ipynb #ac5dac8a
-def rule_r4(rows: list, arm: str, before: int, after: int) -> dict:
+def cooldown_change(rows: list, arm: str, before: int, after: int) -> dict:
     "R4: the paired change of the gain to K through the cooldown, at-risk against every per-loop control."
     b, a, seeds = _cell(rows, arm, before), _cell(rows, arm, after), _seeds(rows)
     names = [AT_RISK_V, *PER_LOOP_CONTROLS]
@@ -454,7 +454,7 @@ def _slope(x, y) -> float:
     return math.fsum((a - mx) * (b - my) for a, b in zip(x, y)) / math.fsum((a - mx) ** 2 for a in x)
 
 
-def rule_r6(rows: list, arm: str, step: int) -> dict:
+def clamp_follows_dose(rows: list, arm: str, step: int) -> dict:
     "R6: per seed, least-squares slopes of |ln clamp ratio| (each mode) and the Hill index against ln s over the dose."
     cell, seeds = _cell(rows, arm, step), _seeds(rows)
     if any((v, s) not in cell for v in DOSE for s in seeds):
@@ -506,7 +506,7 @@ def _horizon_hash(folder: Path, variant: str, seed: int, step: int) -> str | Non
     return next((r['checkpoint'].split(':')[1] for r in recs if r['step'] == step), None)
 
 # %% ../../nbs/06d_depth.ipynb #1e04a310
-def rule_r0(records: list, step: int, reference=None, horizon=None) -> dict:
+def reference_integrity(records: list, step: int, reference=None, horizon=None) -> dict:
     "R0: the reference arm's step-`step` records against the committed cpu-3seeds records and horizon weight hashes."
     ours = {(r['variant'], r['seed']): r for r in records if r['arm'] == REFERENCE_ARM and r['step'] == step}
     ref = {(r['variant'], r['seed']): r for r in reference or [] if r.get('status') == 'done'}
@@ -575,16 +575,18 @@ def depth_rules(records: list, reference=None, horizon=None, variants=None, seed
             if arm != REFERENCE_ARM:
                 out['arms'][arm]['R0'] = dict(verdict='not applicable')
             continue
-        r1 = rule_r1(records, arm, after)
+        r1 = depth_is_worth(records, arm, after)
         cl = official_claims(records, arm, after)['primary']['claims']
         out['arms'][arm] = dict(
-            R0=rule_r0(records, before, reference, horizon) if arm == REFERENCE_ARM else dict(verdict='not applicable'),
+            R0=reference_integrity(records, before, reference, horizon)
+            if arm == REFERENCE_ARM
+            else dict(verdict='not applicable'),
             R1=r1,
             R2=_gated(r1, cl.get('C3', {})),
-            R3=rule_r3(rows, arm, after),
-            R4=rule_r4(rows, arm, before, after),
+            R3=gain_follows_dose(rows, arm, after),
+            R4=cooldown_change(rows, arm, before, after),
             R5=_gated(r1, cl.get('C7', {})),
-            R6=rule_r6(rows, arm, after),
+            R6=clamp_follows_dose(rows, arm, after),
         )
     return out
 

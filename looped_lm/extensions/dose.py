@@ -24,7 +24,8 @@ import matplotlib.pyplot as plt
 __all__ = ['DOSES', 'PAPER_DRIFT', 'BASE_LR', 'DOSE_CANDIDATES', 'PILOT_VARIANTS', 'PILOT_GRIDS', 'PILOT_FLOOR', 'PILOTS',
            'DOSE_PILOT', 'R6_BAND', 'R6_WORDS', 'dosed', 'dose_response', 'dose_star', 'trained_points',
            'draw_gain_vs_drift', 'choose_regime', 'pilot_cost', 'PilotNotMeasured', 'pilot_numbers', 'write_pilot',
-           'run_pilot', 'pilot_choice', 'choice_markdown', 'write_choice', 'gain_at', 'predicted_gains', 'rule_r6']
+           'run_pilot', 'pilot_choice', 'choice_markdown', 'write_choice', 'gain_at', 'predicted_gains',
+           'trained_against_dose']
 
 # %% ../../nbs/06f_dose.ipynb #dos00007
 def _times(state, c: float, key):
@@ -336,7 +337,7 @@ R6_WORDS = dict(
 )
 
 
-def rule_r6(trained: float | None, predicted: float | None, band: float = R6_BAND) -> dict:
+def trained_against_dose(trained: float | None, predicted: float | None, band: float = R6_BAND) -> dict:
     "R6's branch and words for a trained at-risk gain against its dose prediction (a gain <= 0 is below any)."
     if trained is None or predicted is None or predicted <= 0:
         return dict(verdict='not measured', trained=trained, predicted=predicted)

@@ -18,7 +18,7 @@ from ..studies.runner import StudyResult, run_grid
 from ..studies.variants import Variant
 import math
 from .depth import DepthGrid, depth_row, depth_table
-from .depth import read_depth_records, rule_r1, mixed_lines
+from .depth import read_depth_records, depth_is_worth, mixed_lines
 from .depth import official_claims, ROW_COLUMNS, AT_RISK_V, PER_LOOP_CONTROLS
 from .depth import missing_runs, not_measured, RULE_KINDS, depth_study, publish_depth
 
@@ -71,7 +71,7 @@ def _most(flags: dict, mean_flag: bool) -> bool:
     return bool(mean_flag) and sum(flags.values()) >= max(1, len(flags) - 1)
 
 # %% ../../nbs/06e_worth.ipynb #wor00012
-def rule_c3(cell: dict, seeds: list, claim: dict, r1: dict) -> dict:
+def k_invariance_where_worth(cell: dict, seeds: list, claim: dict, r1: dict) -> dict:
     "R2: C3 where R1 holds: reproduced, not reproduced (at-risk gain to K ≥ ⅓ of the weakest control's), undecided."
     if r1['verdict'] != 'holds':
         return dict(verdict=f"not testable: {'; '.join(r1.get('why') or r1.get('missing') or [])}", kind='consequence')
@@ -92,7 +92,7 @@ def rule_c3(cell: dict, seeds: list, claim: dict, r1: dict) -> dict:
     return dict(out, verdict=NOT_REPRODUCED if uses else 'undecided')
 
 # %% ../../nbs/06e_worth.ipynb #wor00013
-def rule_best_exit(cell: dict, seeds: list) -> dict:
+def best_exit_gain_least(cell: dict, seeds: list) -> dict:
     "R2′ (secondary): the at-risk model's gain to its best exit below every per-loop control's, on every seed."
     per = {
         str(s): dict(
@@ -105,7 +105,7 @@ def rule_best_exit(cell: dict, seeds: list) -> dict:
     return dict(kind='consequence (secondary)', per_seed=per, verdict=f"{verdict} ({below}/{len(seeds)} seeds)")
 
 
-def rule_c7(claim: dict, r1: dict) -> dict:
+def halting_where_worth(claim: dict, r1: dict) -> dict:
     "R5: C7 where R1 holds — reproduced, not reproduced (held on neither the mean nor most seeds), or undecided."
     if r1['verdict'] != 'holds':
         return dict(verdict=f"not testable: {'; '.join(r1.get('why') or r1.get('missing') or [])}", kind='consequence')
@@ -129,16 +129,20 @@ def worth_rules(records: list, seeds=(1, 2, 3), variants=WORTH_VARIANTS) -> dict
             rules = {r: not_measured(missing, k) for r, k in kinds.items()}
             out['arms'][arm] = dict(step=step, seeds=have, provisional=[s for s in seeds if s not in have], **rules)
             continue
-        r1, claims = rule_r1(records, arm, step), official_claims(records, arm, step)['primary']['claims']
+        r1, claims = depth_is_worth(records, arm, step), official_claims(records, arm, step)['primary']['claims']
         full = all((v, s) in cell for v in (AT_RISK_V, *PER_LOOP_CONTROLS) for s in have)
         out['arms'][arm] = dict(
             step=step,
             seeds=have,
             provisional=[s for s in seeds if s not in have],
             R1=r1,
-            R2=rule_c3(cell, have, claims['C3'], r1) if full else dict(verdict='not measured', kind='consequence'),
-            R2b=rule_best_exit(cell, have) if full else dict(verdict='not measured', kind='consequence (secondary)'),
-            R5=rule_c7(claims['C7'], r1) if claims['C7'].get('per_seed') else dict(verdict='not measured'),
+            R2=k_invariance_where_worth(cell, have, claims['C3'], r1)
+            if full
+            else dict(verdict='not measured', kind='consequence'),
+            R2b=best_exit_gain_least(cell, have)
+            if full
+            else dict(verdict='not measured', kind='consequence (secondary)'),
+            R5=halting_where_worth(claims['C7'], r1) if claims['C7'].get('per_seed') else dict(verdict='not measured'),
         )
     return out
 

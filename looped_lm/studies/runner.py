@@ -627,7 +627,7 @@ def read_prepared(cfg: ExperimentConfig, record: dict, data_dir=None) -> TokenDa
     return data
 
 # %% ../../nbs/04a_runner.ipynb #47b61612
-class StudyJob(submitit.helpers.Checkpointable):
+class SubmittedWork(submitit.helpers.Checkpointable):
     "`fn(job)` as a submitit job on the prepared token data; when preempted or timed out, requeued unchanged."
 
     def __init__(self, fn, job: dict, prepared: dict = None):
@@ -824,7 +824,7 @@ def submit_jobs(
     max_parallel = max_parallel or default_parallel(gpus_per_job)
     ex = make_executor(executor, folder, gpus_per_job, timeout_min, partition, slurm_options, max_parallel)
     prepared = prepared if prepared is not None else prepare_once(jobs, verbose=verbose)
-    calls = [StudyJob(work, j, prepared[data_key(j['cfg'])]) for j in jobs]
+    calls = [SubmittedWork(work, j, prepared[data_key(j['cfg'])]) for j in jobs]
     outcomes = [None] * len(jobs)
 
     def report(i, sub):
