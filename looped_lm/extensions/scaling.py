@@ -48,10 +48,10 @@ from .growth import PAPER_DRIFT, PAPER_TOKENS
 
 # %% auto #0
 __all__ = ['REFERENCE', 'SCALING_VERSION', 'MD_COLUMNS', 'SCALING', 'scaling_points', 'Grid', 'train_flops', 'estimate_seconds',
-           'measure_key', 'read_measure', 'measure_run', 'check_scaling', 'add_c6', 'scaling_table', 'growth_table',
-           'reading', 'scaling_result', 'published_rows', 'kept_measured', 'write_pages', 'write_results',
-           'finish_scaling', 'token_budgets', 'run_scaling', 'published_table', 'rebuild_scaling', 'fig_scaling_axes',
-           'draw_scaling']
+           'grid_points', 'measure_key', 'read_measure', 'measure_run', 'check_scaling', 'add_c6', 'scaling_table',
+           'growth_table', 'reading', 'scaling_result', 'published_rows', 'kept_measured', 'write_pages',
+           'write_results', 'finish_scaling', 'token_budgets', 'run_scaling', 'published_table', 'rebuild_scaling',
+           'fig_scaling_axes', 'draw_scaling']
 
 # %% ../../nbs/06a_scaling.ipynb #9e3cef37
 CONTROLS = ('perloop-raw', 'perloop-finalnorm', 'perloop-penalty')  # its scale-controlled counterparts

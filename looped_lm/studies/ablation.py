@@ -25,7 +25,7 @@ from .runner import run_jobs, study_lock, check_device, check_workers, Job, Plan
 
 # %% auto #0
 __all__ = ['JOB_DEFAULTS', 'Design', 'run_dir_of', 'is_main', 'study_key', 'check_params', 'train_and_diagnose', 'collect',
-           'table_markdown', 'run_ablation', 'run_study']
+           'table_markdown', 'run_ablation', 'run_study', 'publish']
 
 # %% ../../nbs/04d_ablation.ipynb #171ecc3c
 @dataclass(frozen=True)
