@@ -2,9 +2,9 @@
 holds `records/<run>.jsonl` (one file per run) beside a `study.json` that names its kind, so `ll.rebuild(folder)`
 rebuilds any of them. The ablation's `runs.jsonl` and the scaling grid's `scaling.csv` become `records/`; the depth
 studies' kinds name the study that publishes them; the horizon grid gets its `study.json`. Run from the repository
-root; a second run changes nothing. Only `figures/` is migrated: a `results/` folder published before (an ablation's
-`runs.jsonl`, a worth grid's `kind: depth`) is refused by `ll.rebuild` and by publishing, saying so; rerun its study
-on it (a worth grid's after deleting its `study.json`): its run folders are read back, nothing is retrained."""
+root; a second run changes nothing. Only `figures/` is migrated: a `results/` folder published before has no
+`records/` (`ll.rebuild` says so) or, for a worth grid, `kind: depth` (publishing refuses it, saying so); rerun its
+study on it (a worth grid's after deleting its `study.json`): its run folders are read back, nothing is retrained."""
 
 import json
 from pathlib import Path
