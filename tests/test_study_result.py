@@ -32,7 +32,7 @@ SMALLEST = {  # (the call, the kind its plan must say)
             ),
             out_dir=d,
             **ONE,
-        ),  # fmt: skip
+        ),
         'scaling',
     ),
     'run_horizon': (
@@ -50,7 +50,7 @@ SMALLEST = {  # (the call, the kind its plan must say)
             ),
             out_dir=d,
             **ONE,
-        ),  # fmt: skip
+        ),
         'horizon',
     ),
     'run_depth': (
@@ -64,7 +64,7 @@ SMALLEST = {  # (the call, the kind its plan must say)
             dataclasses.replace(WORTH_GRIDS['worth-tiny'], seeds=(1,), arms=(('B8', 1, 8),), variants=('perloop-raw',)),
             out_dir=d,
             **ONE,
-        ),  # fmt: skip
+        ),
         'worth',
     ),
 }

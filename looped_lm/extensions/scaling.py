@@ -17,7 +17,7 @@ import time
 import numpy as np
 import dataclasses
 import pandas as pd
-from ..core.files import read_json_lines, write_atomic, source_hash, own_folder
+from ..core.files import write_atomic, source_hash, own_folder
 from ..training.rundir import load_run, RunDirError, read_json, latest_checkpoint, run_status
 from looped_lm.measure.diagnostics import (
     eval_exits,
@@ -37,7 +37,7 @@ from ..training.train import train, TrainingError, resolve_device
 from ..studies.variants import VARIANTS, check_variants, check_seeds
 from ..studies.tables import to_markdown
 from ..studies.runner import GridStudy, check_device, grid_dirs, job_data, register_rebuild, run_grid
-from ..studies.runner import Job, Plan, StudyResult, write_records
+from ..studies.runner import Job, Plan, StudyResult, read_published, write_records
 from .growth import fit_growth, growth_row, fit_sentence, carry_sentence
 import matplotlib.pyplot as plt
 import seaborn as sns
@@ -609,7 +609,7 @@ MD_COLUMNS = [
 # %% ../../nbs/06a_scaling.ipynb #sca0kep1
 def published_rows(folder) -> pd.DataFrame:
     "The rows a scaling folder publishes, one per run (`records/<run>.jsonl`), as a frame; empty when it has none."
-    rows = [r for p in sorted((Path(folder) / 'records').glob('*.jsonl')) for r in read_json_lines(p)]
+    rows = read_published(folder)
     return pd.DataFrame(rows) if rows else pd.DataFrame(columns=['point', 'variant', 'seed', 'status'])
 
 

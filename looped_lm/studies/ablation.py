@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 from ..core.config import ConfigError, load_preset
 from ..training.data import prepare_data
-from ..core.files import own_folder, read_json_lines, write_atomic, sweep_stale_tmp
+from ..core.files import own_folder, write_atomic, sweep_stale_tmp
 from ..training.train import train, TrainingError
 from ..training.train import resolve_device
 from ..training.rundir import read_json
 from ..measure.diagnostics import diagnose_run, exit_throughput, read_run
 from .runner import EXECUTORS, check_executor, check_lock_wait, cost_plan, prepare_once
-from .runner import submit_jobs, work_when_free
+from .runner import read_published, submit_jobs, work_when_free
 from .variants import VARIANTS, check_seeds, check_variants
 from .tables import build_tables, read_throughput, to_markdown, write_tables
 from .claims import evaluate_claims, write_claims
@@ -330,7 +330,7 @@ def run_study(
 def _published_done(study_dir: Path) -> set:
     "(variant, seed) of every finished run the study folder publishes: its `records.json` and its `records/`."
     recs = read_json(study_dir / 'records.json', [], damaged=lambda p, e: [])
-    recs += [r for p in sorted((study_dir / 'records').glob('*.jsonl')) for r in read_json_lines(p)]
+    recs += read_published(study_dir)
     return {(r.get('variant'), r.get('seed')) for r in recs if isinstance(r, dict) and r.get('status') == 'done'}
 
 

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from ..core.config import DEVICES, ConfigError, settings_path
 from ..training.data import prepare_data
-from ..core.files import dir_lock, LockedError, write_atomic
+from ..core.files import dir_lock, LockedError, read_json_lines, write_atomic
 import json
 import math
 import shutil
@@ -36,8 +36,8 @@ __all__ = ['STUDY_LOCK_WAIT', 'REBUILDERS', 'GPU_BENCH', 'EXECUTORS', 'repo_root
            'default_workers', 'check_device', 'check_workers', 'grid_dirs', 'WorkerError', 'spawn_refusal',
            'check_spawn_guard', 'job_data', 'check_lock_wait', 'study_lock', 'work_when_free', 'run_jobs', 'Job',
            'Plan', 'StudyResult', 'plan_data', 'GridStudy', 'finish_grid', 'import_work', 'check_options', 'run_grid',
-           'register_rebuild', 'rebuild', 'write_records', 'load_bench', 'data_key', 'cache_files', 'prepare_once',
-           'DataNotReady', 'check_executor', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
+           'register_rebuild', 'rebuild', 'write_records', 'read_published', 'load_bench', 'data_key', 'cache_files',
+           'prepare_once', 'DataNotReady', 'check_executor', 'JobOutcome', 'submit_jobs', 'CostPlan', 'cost_plan']
 
 # %% ../../nbs/04a_runner.ipynb #ae478dee
 def repo_root() -> Path:
@@ -510,6 +510,11 @@ def write_records(folder, runs: dict) -> Path:
         if p.stem not in runs:
             p.unlink()
     return out
+
+
+def read_published(folder) -> list:
+    "Every record of `folder/records/`, file by file in name order; a damaged line is refused, naming it (none: [])."
+    return [r for p in sorted((Path(folder) / 'records').glob('*.jsonl')) for r in read_json_lines(p, strict=True)]
 
 # %% ../../nbs/04a_runner.ipynb #3d68c1f1
 GPU_BENCH = Path('benchmarks') / 'results' / 'gpu.json'

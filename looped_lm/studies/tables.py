@@ -14,7 +14,7 @@ from ..core.files import write_atomic
 from ..core.formats import format_number
 from ..training.rundir import read_json
 from .variants import VARIANTS
-from .runner import write_records
+from .runner import read_published, write_records
 
 # %% auto #0
 __all__ = ['RECORD_DIAG', 'synthetic_record', 'synthetic_study', 'MissingDiagnostic', 'dig', 'table1', 'table2',
@@ -485,8 +485,8 @@ def write_run_records(records, study_dir) -> Path:
 def read_run_records(study_dir) -> list:
     """The records of a study read back from its `records/`, in the study's row order (its `study.json`'s variants and
     seeds, else the official order); a study without records names the fix."""
-    files = sorted((Path(study_dir) / 'records').glob('*.jsonl'))
-    if not files:
+    recs = read_published(study_dir)
+    if not recs:
         raise FileNotFoundError(
             f"{Path(study_dir) / 'records'} holds no records: rerun nbs/05_ablation.ipynb on this study (it retrains "
             "nothing)."
@@ -494,7 +494,6 @@ def read_run_records(study_dir) -> list:
     meta = Path(study_dir) / 'study.json'
     study = json.loads(meta.read_text()) if meta.is_file() else {}
     variants, seeds = [*study.get('variants', []), *VARIANTS], study.get('seeds', [])
-    recs = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
     at = lambda xs, x: xs.index(x) if x in xs else len(xs)  # noqa: E731
     return sorted(recs, key=lambda r: (at(variants, r['variant']), r['variant'], at(seeds, r['seed']), r['seed']))
 
